@@ -1,0 +1,45 @@
+"""smartexec: parallel map that picks threads, fork, loky or inline per callable.
+
+>>> from smartexec import SmartExecutor
+>>> with SmartExecutor() as ex:
+...     list(ex.map(abs, [-1, -2, 3]))
+[1, 2, 3]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    BackendUnavailableError,
+    PayloadPicklingError,
+    RemoteError,
+    UnknownBackendError,
+    WorkerCrashedError,
+)
+from .executor import SmartExecutor
+from .policy import Decision
+from .registry import available_backends, register_backend
+
+__all__ = [
+    "SmartExecutor",
+    "parallel_map",
+    "Decision",
+    "register_backend",
+    "available_backends",
+    "PayloadPicklingError",
+    "WorkerCrashedError",
+    "RemoteError",
+    "UnknownBackendError",
+    "BackendUnavailableError",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "parallel_map":
+        from .decorators import parallel_map
+
+        return parallel_map
+    raise AttributeError(f"module 'smartexec' has no attribute {name!r}")

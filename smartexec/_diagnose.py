@@ -1,0 +1,95 @@
+"""Turn a pickling failure into an error that names the object and the fix."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ._remote import Call
+from .errors import PayloadPicklingError
+from .inspection import callable_name, locate_unpicklable
+
+__all__ = ["pickling_error", "is_pickling_failure"]
+
+
+def is_pickling_failure(exc: BaseException) -> bool:
+    """Return True when ``exc`` says an object could not be pickled.
+
+    Recognises ``pickle.PicklingError`` and the ``TypeError`` /
+    ``AttributeError`` messages pickle raises (``cannot pickle '...' object``,
+    ``Can't pickle local object``), also as the ``__cause__`` of loky's
+    wrapper error.
+    """
+    import pickle
+
+    seen = 0
+    while exc is not None and seen < 4:
+        if isinstance(exc, pickle.PicklingError):
+            return True
+        text = str(exc).lower()
+        if isinstance(exc, (TypeError, AttributeError)) and (
+            "pickle" in text or "serializ" in text
+        ):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+def pickling_error(
+    fn: Any, chunk: Sequence[Call], exc: BaseException, backend: str
+) -> PayloadPicklingError:
+    """Build the error for a callable or argument that cannot be pickled.
+
+    Args:
+        fn: the user's callable.
+        chunk: the ``(args, kwargs)`` calls that were being sent.
+        exc: the pickler's exception.
+        backend: the backend that tried to send them, e.g. ``"loky"``.
+
+    Returns:
+        A :class:`~smartexec.errors.PayloadPicklingError` naming the part that
+        failed, why, and what to do; ``obj`` is that part.
+    """
+    name = f"{callable_name(fn)}()"
+    found = locate_unpicklable(fn, name)
+    in_callable = found is not None
+    if found is None:
+        for args, kwargs in chunk:
+            for i, arg in enumerate(args):
+                found = locate_unpicklable(arg, f"argument {i} of the call to {name}")
+                if found is not None:
+                    break
+            else:
+                for key, arg in kwargs.items():
+                    found = locate_unpicklable(arg, f"keyword argument {key!r} of the call to {name}")
+                    if found is not None:
+                        break
+            if found is not None:
+                break
+    if found is None:  # the pickler failed on something the walk cannot reach
+        where, part, reason = name, fn, f"{type(exc).__name__}: {exc}"
+    else:
+        where, part, reason = found
+    what = f"{where} is {_a(part)}, which cannot be pickled ({reason})"
+    if in_callable:
+        fix = (
+            "Create that object inside the function instead of capturing it, or pass "
+            'backend="thread" if the work mostly waits on I/O or releases the GIL; '
+            'backend="fork" shares the callable with workers by copy-on-write without pickling it.'
+        )
+    else:
+        fix = (
+            "Pass something picklable instead (a path rather than an open file, the "
+            'data rather than a connection), or use backend="thread" so nothing is pickled.'
+        )
+    return PayloadPicklingError(
+        f"Cannot send {name} to {backend} worker processes: {what}. {fix}",
+        obj=part,
+        where=where,
+        reason=reason,
+    )
+
+
+def _a(obj: Any) -> str:
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"

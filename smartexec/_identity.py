@@ -1,0 +1,86 @@
+"""Identity of callables across calls, without keeping them alive.
+
+``obj.method`` builds a new bound-method object at every attribute access, so
+caches key a callable by what it is made of (``__self__`` and ``__func__``)
+and hold it through weak references, so that a cache never keeps a user's
+object alive (CPython's executor tests check exactly that).
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import Any, Callable, Hashable
+
+__all__ = ["identity_key", "WeakCallable"]
+
+
+def identity_key(fn: Any) -> Hashable:
+    """Return a key equal for the same callable seen twice.
+
+    Bound methods compare by ``(id(__self__), id(__func__))``; builtin methods
+    bound to an object by ``(id(__self__), __name__)``; anything else by
+    ``id(fn)``. Pair the key with a :class:`WeakCallable` to detect reuse of
+    an id after the object died.
+    """
+    if isinstance(fn, types.MethodType):
+        return ("m", id(fn.__self__), id(fn.__func__))
+    if isinstance(fn, types.BuiltinMethodType):
+        owner = fn.__self__
+        if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+            return ("b", id(owner), fn.__name__)
+    return ("o", id(fn))
+
+
+class WeakCallable:
+    """A weak handle to a callable that rebuilds bound methods on demand.
+
+    Args:
+        fn: the callable.
+        on_death: called with no arguments when the object dies (not called
+            for objects that cannot be weakly referenced, which are held
+            strongly instead).
+
+    Attributes:
+        weak: False when ``fn`` could not be weakly referenced and is held
+            strongly.
+    """
+
+    __slots__ = ("_get", "weak", "__weakref__")
+
+    def __init__(self, fn: Any, on_death: Callable[[], None] | None = None):
+        callback = (lambda _ref: on_death()) if on_death is not None else None
+        self.weak = True
+        if isinstance(fn, types.MethodType):
+            self._get: Callable[[], Any] = weakref.WeakMethod(fn, callback)
+            return
+        if isinstance(fn, types.BuiltinMethodType):
+            owner, name = fn.__self__, fn.__name__
+            if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+                try:
+                    owner_ref = weakref.ref(owner, callback)
+                except TypeError:
+                    pass
+                else:
+                    self._get = lambda: (
+                        None if (o := owner_ref()) is None else getattr(o, name)
+                    )
+                    return
+        try:
+            self._get = weakref.ref(fn, callback)
+        except TypeError:
+            self.weak = False
+            self._get = lambda: fn
+
+    def get(self) -> Any:
+        """Return the callable, or None when it has died."""
+        return self._get()
+
+    def matches(self, fn: Any) -> bool:
+        """Return True when this handle still refers to ``fn``."""
+        live = self._get()
+        if live is None:
+            return False
+        if isinstance(fn, (types.MethodType, types.BuiltinMethodType)) and hasattr(fn, "__self__"):
+            return live.__self__ is fn.__self__ and live == fn
+        return live is fn

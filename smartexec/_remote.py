@@ -1,0 +1,117 @@
+"""Run a chunk of calls and carry each outcome back, exceptions included.
+
+Every backend runs :func:`run_chunk` in its workers. Each item's outcome is
+kept separately, so a failing item does not hide the results of the items
+before it, and each exception object belongs to exactly one item.
+
+For process backends (``remote=True``) an exception travels with the worker's
+formatted traceback, re-attached as ``__cause__`` in the parent (as
+``concurrent.futures.process`` does); an exception that cannot make the trip
+(it cannot be pickled, or cannot be rebuilt from its pickle) is replaced by a
+:class:`~smartexec.errors.RemoteError` carrying its type name, message and
+traceback text.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable, NamedTuple, Sequence
+
+import cloudpickle
+
+from .errors import RemoteError, RemoteTraceback
+
+__all__ = ["ChunkResult", "run_chunk", "Call", "remote_exception", "dumps", "loads"]
+
+#: One call: (positional arguments, keyword arguments).
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+#: Pickle protocol for everything that crosses a process boundary.
+PROTOCOL = 5
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj`` with cloudpickle at protocol 5."""
+    return cloudpickle.dumps(obj, protocol=PROTOCOL)
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle bytes made by :func:`dumps` (the stdlib's ``pickle.loads``)."""
+    return cloudpickle.loads(data)
+
+
+class ChunkResult(NamedTuple):
+    """What a worker returns for one chunk.
+
+    Attributes:
+        outcomes: one ``(ok, value)`` per call, in order; ``value`` is the
+            result when ``ok`` else the exception.
+        compute_s: seconds the worker spent running the calls (wall clock,
+            measured where the work ran, excluding dispatch).
+    """
+
+    outcomes: list[tuple[bool, Any]]
+    compute_s: float
+
+
+def _rebuild(exc: BaseException, tb: str) -> BaseException:
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
+
+
+class _ExceptionWithTraceback:
+    """Pickles an exception with its traceback text; unpickles to the exception."""
+
+    def __init__(self, exc: BaseException, tb: str):
+        self.exc = exc
+        self.tb = tb
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (self.exc, self.tb)
+
+
+def remote_exception(exc: BaseException) -> Any:
+    """Wrap ``exc`` so that it survives pickling, with its traceback text.
+
+    Returns an object that unpickles to ``exc`` (with ``__cause__`` set to a
+    :class:`~smartexec.errors.RemoteTraceback`) when ``exc`` round-trips
+    through pickle, otherwise to a :class:`~smartexec.errors.RemoteError`.
+    """
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = f'\n"""\n{tb}"""'
+    exc.__traceback__ = None  # frames hold locals that may not pickle
+    try:
+        cloudpickle.loads(dumps(exc))
+    except BaseException:
+        type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        try:
+            message = str(exc)
+        except BaseException:
+            message = "<str() failed>"
+        return _ExceptionWithTraceback(RemoteError(type_name, message, tb), tb)
+    return _ExceptionWithTraceback(exc, tb)
+
+
+def run_chunk(fn: Callable[..., Any], chunk: Sequence[Call], remote: bool = False) -> ChunkResult:
+    """Call ``fn`` on each item of ``chunk``; keep every outcome.
+
+    Args:
+        fn: the callable.
+        chunk: a sequence of ``(args, kwargs)`` pairs.
+        remote: True when the outcomes will be pickled to another process:
+            exceptions are then wrapped by :func:`remote_exception`.
+
+    Returns:
+        A :class:`ChunkResult`. Exceptions (``BaseException`` included, as in
+        ``concurrent.futures``) are caught and stored, never raised.
+    """
+    outcomes: list[tuple[bool, Any]] = []
+    start = time.perf_counter()
+    for args, kwargs in chunk:
+        try:
+            outcomes.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:
+            outcomes.append((False, remote_exception(exc) if remote else exc))
+            del exc
+    return ChunkResult(outcomes, time.perf_counter() - start)

@@ -1,0 +1,95 @@
+"""The backend interface: a few hooks and capability flags.
+
+A backend runs *chunks*: a callable and a list of ``(args, kwargs)`` calls.
+:meth:`Backend.submit_chunk` returns a ``concurrent.futures.Future`` whose
+result is a :class:`~smartexec._remote.ChunkResult` (one outcome per call).
+``SmartExecutor`` builds ``submit`` (a chunk of one) and ``map`` on top of it.
+
+Built-in backends and third-party plugins implement exactly this class and are
+found through the same registry (:mod:`smartexec.registry`).
+"""
+
+from __future__ import annotations
+
+import abc
+from concurrent.futures import Future
+from typing import Any, Callable, ClassVar, Sequence
+
+from .._remote import Call, ChunkResult
+
+__all__ = ["Backend"]
+
+
+class Backend(abc.ABC):
+    """Base class of every backend.
+
+    Capabilities are class attributes that callers read instead of checking
+    types:
+
+    Attributes:
+        name: the short lowercase name the backend is registered under.
+        shares_memory: workers run in the caller's process (threads, inline).
+        pickles_closures: lambdas and closures can be sent (cloudpickle).
+        copy_on_write: workers inherit the parent's memory at fork time.
+        distributed: workers may run on other machines.
+
+    Args:
+        max_workers: how many workers to run (int >= 1), or None for the
+            backend's default (:meth:`default_workers`).
+        cpu_count: CPUs this process may use, for the default.
+    """
+
+    name: ClassVar[str] = ""
+    shares_memory: ClassVar[bool] = False
+    pickles_closures: ClassVar[bool] = False
+    copy_on_write: ClassVar[bool] = False
+    distributed: ClassVar[bool] = False
+
+    def __init__(self, max_workers: int | None, cpu_count: int):
+        self.max_workers = max_workers if max_workers is not None else self.default_workers(cpu_count)
+
+    @classmethod
+    def default_workers(cls, cpu_count: int) -> int:
+        """Workers to run when the user gives no ``max_workers``: one per CPU."""
+        return cpu_count
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this backend cannot run here (e.g. a missing package), or None."""
+        return None
+
+    def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
+        """Return what :meth:`submit_chunk` should send in place of ``fn``.
+
+        Args:
+            fn: the user's callable.
+            share: the policy asked for ``fn`` to be shared by copy-on-write
+                rather than pickled (only backends with ``copy_on_write``
+                honour it).
+        """
+        return fn
+
+    @abc.abstractmethod
+    def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
+        """Schedule ``fn`` over ``chunk``; return a future of its ChunkResult.
+
+        Args:
+            fn: what :meth:`prepare` returned.
+            chunk: ``(args, kwargs)`` pairs.
+
+        Returns:
+            A ``concurrent.futures.Future``. Cancelling it before it runs
+            cancels the chunk.
+
+        Raises:
+            smartexec.errors.PayloadPicklingError: ``fn`` or an argument cannot
+                be sent to the workers (backends that pickle eagerly).
+        """
+
+    @abc.abstractmethod
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the workers; mirrors ``concurrent.futures.Executor.shutdown``.
+
+        Idempotent. With ``cancel_futures`` chunks not yet started are
+        cancelled; with ``wait`` the call returns once every worker is gone.
+        """

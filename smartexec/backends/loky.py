@@ -1,0 +1,57 @@
+"""The loky backend: chunks run on a loky process pool, pickled with cloudpickle.
+
+loky starts workers with fork+exec (a clean interpreter, safe with threads)
+and pickles calls with cloudpickle, so lambdas, closures, nested functions and
+functions defined in ``__main__`` travel by value.
+
+Each ``SmartExecutor`` owns its own ``loky.ProcessPoolExecutor`` rather than
+sharing loky's process-wide reusable executor, so that ``shutdown()`` stops
+exactly the workers this executor started and never another's.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Sequence
+
+from .._remote import Call, ChunkResult, run_chunk
+from ._base import Backend
+
+__all__ = ["LokyBackend"]
+
+
+class LokyBackend(Backend):
+    """Runs chunks on a ``loky.ProcessPoolExecutor`` owned by this backend."""
+
+    name = "loky"
+    pickles_closures = True
+
+    def __init__(self, max_workers: int | None, cpu_count: int):
+        super().__init__(max_workers, cpu_count)
+        from loky import ProcessPoolExecutor
+
+        self._pool = ProcessPoolExecutor(max_workers=self.max_workers)
+        # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
+        self._pending: set[Future[ChunkResult]] = set()
+        self._lock = threading.Lock()
+
+    def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
+        future = self._pool.submit(run_chunk, fn, chunk, True)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[ChunkResult]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            with self._lock:
+                pending = list(self._pending)
+            for future in pending:
+                future.cancel()
+        # kill_workers=False lets running chunks finish, as the stdlib does.
+        self._pool.shutdown(wait=wait, kill_workers=False)

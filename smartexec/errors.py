@@ -1,0 +1,118 @@
+"""Every exception smartexec raises, each a subclass of the builtin it refines.
+
+Callers can catch either the smartexec class or the builtin: a payload that
+cannot be pickled is a :class:`pickle.PicklingError`, a dead worker is a
+:class:`concurrent.futures.process.BrokenProcessPool`, an unknown backend name
+is a :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import pickle
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+__all__ = [
+    "PayloadPicklingError",
+    "WorkerCrashedError",
+    "RemoteError",
+    "RemoteTraceback",
+    "UnknownBackendError",
+    "BackendUnavailableError",
+]
+
+
+class PayloadPicklingError(pickle.PicklingError):
+    """A callable or argument cannot be sent to worker processes.
+
+    Raised by ``SmartExecutor.submit`` / ``map`` before any work is queued.
+
+    Attributes:
+        obj: the object that could not be pickled (the callable, an argument,
+            or the part of either that failed).
+        where: where that object sits, e.g. ``"argument 0"`` or
+            ``"cell 'conn' of score()"``.
+        reason: the concrete cause, as the pickler reported it.
+    """
+
+    def __init__(self, message: str, *, obj: Any = None, where: str = "", reason: str = ""):
+        super().__init__(message)
+        self.obj = obj
+        self.where = where
+        self.reason = reason
+
+
+class WorkerCrashedError(BrokenProcessPool):
+    """The worker process running this task died before returning a result.
+
+    Only the task(s) the worker was running fail; the worker is replaced and the
+    executor stays usable.
+
+    Attributes:
+        exitcode: the process exit code; negative ``-N`` means killed by signal N.
+    """
+
+    def __init__(self, message: str, *, exitcode: int | None = None):
+        super().__init__(message)
+        self.exitcode = exitcode
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; set as ``__cause__`` of the error."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class RemoteError(Exception):
+    """A worker raised an exception that could not be sent back as itself.
+
+    Happens when the exception object cannot be pickled in the worker or
+    unpickled in the parent (e.g. a constructor that needs extra arguments).
+
+    Attributes:
+        type_name: qualified name of the original exception type.
+        message: ``str()`` of the original exception.
+        traceback_text: the worker's formatted traceback.
+    """
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = ""):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.type_name, self.message, self.traceback_text))
+
+
+class UnknownBackendError(ValueError):
+    """No backend is registered under the given name.
+
+    Attributes:
+        name: the name asked for.
+        known: the sorted names that are registered.
+    """
+
+    def __init__(self, message: str, *, name: str, known: tuple[str, ...]):
+        super().__init__(message)
+        self.name = name
+        self.known = known
+
+
+class BackendUnavailableError(ImportError):
+    """A registered backend cannot be loaded (its package is not installed).
+
+    Attributes:
+        backend: the backend name.
+        hint: how to make it available, e.g. ``pip install 'smartexec[dask]'``.
+    """
+
+    def __init__(self, message: str, *, backend: str, hint: str = ""):
+        super().__init__(message)
+        self.backend = backend
+        self.hint = hint

@@ -1,0 +1,218 @@
+"""The routing policy: which backend runs a callable, and why.
+
+:func:`decide` is a pure function of a :class:`~smartexec.inspection.CallableProfile`,
+a :class:`~smartexec._system.Platform` and the user's :class:`Options`. It starts
+nothing and reads nothing from the host, so the whole routing table is tested
+by feeding it values (``tests/test_policy.py``).
+
+The table, first match wins:
+
+============================================  ==========  ==========================================
+the call                                      backend     why
+============================================  ==========  ==========================================
+``backend=`` given                            that one    the user decides
+state that cannot be pickled, fork available  fork        shared by copy-on-write, never pickled
+state over ``big_state_bytes``, fork avail.   fork        shared by copy-on-write, never pickled
+``prefer="threads"``                          thread      the user's hint
+known GIL-releasing callable                  thread      no pickling, threads run in parallel
+free-threaded build (GIL disabled)            thread      threads run Python code in parallel
+lambda / closure / nested / ``__main__``      loky        cloudpickle sends the code by value
+importable function, fork available           fork        real parallelism, fast worker start
+importable function, no fork                  loky        real parallelism
+============================================  ==========  ==========================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._system import Platform
+from .inspection import CallableProfile, format_bytes
+
+__all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
+
+#: State bigger than this is shared with fork workers by copy-on-write rather
+#: than pickled with every chunk. At 1 MiB, pickling and piping the state costs
+#: about 1 ms per chunk, the same order as a process pool's own per-chunk cost
+#: (DESIGN.md section 1, problem 4).
+BIG_STATE_BYTES = 1 << 20
+
+PREFER_VALUES = ("threads", "processes")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for.
+
+    Attributes:
+        backend: a backend name that forces the route, or None to decide.
+        prefer: ``"threads"``, ``"processes"`` or None; a hint, weaker than
+            ``backend`` and than state that must not be pickled.
+        big_state_bytes: state above this many bytes is shared by
+            copy-on-write where fork is available.
+    """
+
+    backend: str | None = None
+    prefer: Literal["threads", "processes"] | None = None
+    big_state_bytes: int = BIG_STATE_BYTES
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a callable runs, and why.
+
+    Attributes:
+        backend: the backend name, e.g. ``"fork"``.
+        reasons: short human sentences, most important first.
+        share: True when the callable reaches fork workers through the
+            trampoline table (copy-on-write) instead of being pickled.
+        chunksize: items per chunk for a map, or None when not fixed yet.
+        profile: the profile the decision was made from.
+    """
+
+    backend: str
+    reasons: tuple[str, ...]
+    share: bool = False
+    chunksize: int | None = None
+    profile: CallableProfile | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        head = self.backend
+        if self.chunksize is not None:
+            head += f" (chunksize {self.chunksize})"
+        if self.profile is not None:
+            head = f"{self.profile.name} -> {head}"
+        return head + "".join(f"\n  - {reason}" for reason in self.reasons)
+
+
+def _describe(profile: CallableProfile) -> str:
+    kinds = {
+        "function": "an importable module-level function",
+        "builtin": "an importable builtin",
+        "ufunc": "a numpy ufunc",
+        "class": "a class",
+        "bound_method": "a bound method",
+        "callable_instance": "a callable instance",
+        "partial": "a functools.partial",
+        "lambda": "a lambda",
+        "closure": "a closure",
+        "nested": "a function defined inside another function",
+        "main": "a function defined in __main__",
+    }
+    return f"{profile.name} is {kinds.get(profile.kind, profile.kind)}"
+
+
+def decide(profile: CallableProfile, platform: Platform, options: Options) -> Decision:
+    """Choose the backend for ``profile`` on ``platform`` under ``options``.
+
+    Pure: it reads only its arguments.
+
+    Args:
+        profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
+        platform: what the host allows (see :func:`smartexec._system.current_platform`).
+        options: what the user asked for.
+
+    Returns:
+        A :class:`Decision` whose ``reasons`` say why, in order.
+    """
+    what = _describe(profile)
+    state = profile.state
+    stateful = state.nbytes > 0 or state.error is not None
+    big = state.capped or state.nbytes > options.big_state_bytes
+    holder = profile.state_holder or "its state"
+
+    if options.backend is not None:
+        share = options.backend == "fork" and stateful and (big or state.error is not None)
+        reasons = [f"backend={options.backend!r} was given", what]
+        if share:
+            reasons.append(f"{holder} ({state}) reaches fork workers by copy-on-write")
+        return Decision(options.backend, tuple(reasons), share=share, profile=profile)
+
+    if state.error is not None:
+        if platform.has_fork:
+            return Decision(
+                "fork",
+                (
+                    what,
+                    f"{holder} cannot be pickled ({state.error})",
+                    "fork workers reach it by copy-on-write through a module-level "
+                    "trampoline, so it is never pickled",
+                ),
+                share=True,
+                profile=profile,
+            )
+        # Fall through: the process backend's pickling error will name the part.
+
+    if big and stateful:
+        size = f"{holder} holds {state} (over {format_bytes(options.big_state_bytes)})"
+        if platform.has_fork:
+            return Decision(
+                "fork",
+                (
+                    what,
+                    size,
+                    "fork workers reach it by copy-on-write through a module-level "
+                    "trampoline; it is never pickled",
+                ),
+                share=True,
+                profile=profile,
+            )
+        if options.prefer != "processes":
+            return Decision(
+                "thread",
+                (
+                    what,
+                    size,
+                    "start method 'fork' is not available here, so sending it to "
+                    "processes would pickle it with every chunk; threads share it",
+                ),
+                profile=profile,
+            )
+
+    if options.prefer == "threads":
+        return Decision("thread", ("prefer='threads' was given", what), profile=profile)
+
+    if profile.gil_hint is not None and options.prefer != "processes":
+        return Decision(
+            "thread",
+            (what, profile.gil_hint, "threads run it in parallel with no pickling"),
+            profile=profile,
+        )
+
+    if not platform.gil_enabled and options.prefer != "processes":
+        return Decision(
+            "thread",
+            (what, "the GIL is disabled (free-threaded build): threads run Python code in parallel"),
+            profile=profile,
+        )
+
+    if not profile.by_reference:
+        return Decision(
+            "loky",
+            (
+                what,
+                "it cannot be pickled by reference; loky sends it by value with cloudpickle",
+            ),
+            profile=profile,
+        )
+
+    if platform.has_fork:
+        return Decision(
+            "fork",
+            (
+                what,
+                "it may hold the GIL, so processes run it in parallel; it pickles by reference",
+                "fork workers start in milliseconds with the parent's modules already imported",
+            ),
+            profile=profile,
+        )
+    return Decision(
+        "loky",
+        (
+            what,
+            "it may hold the GIL, so processes run it in parallel; it pickles by reference",
+            f"start method 'fork' is not available here ({', '.join(platform.start_methods)})",
+        ),
+        profile=profile,
+    )

@@ -1,0 +1,172 @@
+"""Backend discovery: built-in table, entry points, runtime registration.
+
+Two tables, as fsspec keeps them:
+
+* *known*: name -> ``"package.module:Class"`` path and an install hint. Filled
+  from the built-ins and, once, on first lookup, from the entry-point group
+  ``smartexec.backends``. Nothing is imported to fill it.
+* *loaded*: name -> backend class, filled when a backend is first used.
+
+A plugin never silently replaces a name: the first registration of a name
+wins and a later different one raises unless ``replace=True`` is given.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from .backends._base import Backend
+from .errors import BackendUnavailableError, UnknownBackendError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "register_backend",
+    "get_backend_class",
+    "available_backends",
+    "known_backends",
+]
+
+ENTRY_POINT_GROUP = "smartexec.backends"
+
+#: name -> (import path, install hint, where it came from)
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "inline": ("smartexec.backends.inline:InlineBackend", ""),
+    "thread": ("smartexec.backends.thread:ThreadBackend", ""),
+    "fork": ("smartexec.backends.fork:ForkBackend", ""),
+    "loky": ("smartexec.backends.loky:LokyBackend", "pip install loky"),
+}
+
+_lock = threading.RLock()
+_known: dict[str, tuple[str | Callable[..., Backend], str, str]] = {
+    name: (path, hint, "built-in") for name, (path, hint) in _BUILTIN.items()
+}
+_loaded: dict[str, Callable[..., Backend]] = {}
+_entry_points_read = False
+
+
+def _read_entry_points() -> None:
+    global _entry_points_read
+    with _lock:
+        if _entry_points_read:
+            return
+        _entry_points_read = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in _known:
+                continue  # first occurrence wins; built-ins first
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "an installed package"
+            _known[ep.name] = (
+                ep.value,
+                f"reinstall {dist}, which declares entry point {ep.name} = {ep.value}",
+                f"entry point of {dist}",
+            )
+
+
+def known_backends() -> Mapping[str, str]:
+    """Return a read-only mapping of backend name -> where it came from."""
+    _read_entry_points()
+    with _lock:
+        return MappingProxyType({name: source for name, (_, _, source) in _known.items()})
+
+
+def register_backend(
+    name: str, factory: str | Callable[..., Backend], *, replace: bool = False
+) -> None:
+    """Register a backend under ``name``.
+
+    Args:
+        name: short lowercase name, e.g. ``"mycluster"``.
+        factory: a :class:`~smartexec.backends.Backend` subclass (or any
+            callable ``(max_workers, cpu_count) -> Backend``), or its import
+            path as ``"package.module:Class"`` (imported on first use).
+        replace: allow replacing a different backend already registered
+            under ``name``.
+
+    Raises:
+        TypeError: ``factory`` is neither callable nor a string.
+        ValueError: ``name`` is taken by a different backend and ``replace``
+            is False.
+    """
+    if not isinstance(factory, str) and not callable(factory):
+        raise TypeError(
+            f"factory must be a Backend subclass or a 'module:Class' string, "
+            f"got {factory!r} ({type(factory).__qualname__})"
+        )
+    _read_entry_points()
+    with _lock:
+        current = _known.get(name)
+        if current is not None and current[0] != factory and not replace:
+            raise ValueError(
+                f"a backend named {name!r} is already registered ({current[2]}); "
+                f"pass replace=True to replace it"
+            )
+        _known[name] = (factory, "", "register_backend()")
+        _loaded.pop(name, None)
+
+
+def _import(path: str) -> Any:
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+def get_backend_class(name: str) -> Callable[..., Backend]:
+    """Return the backend factory registered under ``name``, importing it now.
+
+    Raises:
+        UnknownBackendError: no backend has that name (a ``ValueError``).
+        BackendUnavailableError: its module cannot be imported (an
+            ``ImportError``, chained from the original, carrying the hint).
+    """
+    _read_entry_points()
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        if name not in _known:
+            known = tuple(sorted(_known))
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UnknownBackendError(
+                f"unknown backend {name!r}: known backends are {', '.join(known)}{hint}",
+                name=name,
+                known=known,
+            )
+        factory, hint, source = _known[name]
+    if isinstance(factory, str):
+        try:
+            factory = _import(factory)
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"backend {name!r} ({source}) cannot be imported: {exc}"
+                + (f". To install it: {hint}" if hint else ""),
+                backend=name,
+                hint=hint,
+            ) from exc
+    with _lock:
+        _loaded[name] = factory  # type: ignore[assignment]
+    return factory  # type: ignore[return-value]
+
+
+def available_backends() -> dict[str, str]:
+    """Return each known backend name -> ``"available"`` or why it is not.
+
+    Mirrors fsspec's ``available_protocols``, with the reason attached.
+    """
+    report = {}
+    for name in sorted(known_backends()):
+        try:
+            factory = get_backend_class(name)
+        except ImportError as exc:
+            report[name] = str(exc)
+            continue
+        reason_of = getattr(factory, "unavailable_reason", None)
+        reason = reason_of() if reason_of is not None else None
+        report[name] = "available" if reason is None else reason
+    return report
