@@ -1,0 +1,335 @@
+"""CPython's own ``concurrent.futures`` executor tests, run against SmartExecutor.
+
+Nothing here re-implements those tests: the test mixins are imported from the
+interpreter's ``test.test_concurrent_futures`` (a package with one module per
+topic since Python 3.12, a single module before) and combined with a mixin that
+builds a :class:`~smartexec.SmartExecutor` instead of a stdlib pool, exactly as
+CPython combines them with ``ThreadPoolMixin`` and ``ProcessPool*Mixin``.
+
+Each generic mixin runs under the default routing (``backend=None``) and with
+the route forced to each backend in :data:`PLAN`. A few tests of the stdlib's
+pool-specific classes check executor-agnostic behaviour and are borrowed
+(:data:`BORROWED`); everything else in those classes inspects stdlib internals
+or stdlib-only features and is listed in :data:`EXCLUDED` with the reason.
+
+Many Python builds (several distributions, some pyenv builds) leave the
+``test`` package out; this module is then skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import types
+import unittest.mock
+from concurrent.futures import process as _stdlib_process
+
+import pytest
+
+from smartexec import SmartExecutor
+from smartexec.errors import RemoteTraceback
+
+pytestmark = pytest.mark.timeout(120)
+
+_cf = pytest.importorskip(
+    "test.test_concurrent_futures",
+    reason="this Python does not ship CPython's test suite "
+    "(test.test_concurrent_futures is missing)",
+)
+
+
+def _stdlib_tests() -> types.SimpleNamespace:
+    """The stdlib test classes we use, whichever layout this Python has."""
+    if hasattr(_cf, "__path__"):  # 3.12+: a package, one module per topic
+
+        def module(name: str) -> types.ModuleType:
+            return importlib.import_module(f"{_cf.__name__}.{name}")
+
+        util, shutdown = module("util"), module("test_shutdown")
+        wait = module("test_wait")
+        return types.SimpleNamespace(
+            ExecutorMixin=util.ExecutorMixin,
+            BaseTestCase=util.BaseTestCase,
+            ExecutorTest=module("executor").ExecutorTest,
+            WaitTests=wait.WaitTests,
+            ThreadPoolWaitTests=wait.ThreadPoolWaitTests,
+            AsCompletedTests=module("test_as_completed").AsCompletedTests,
+            ExecutorShutdownTest=shutdown.ExecutorShutdownTest,
+            ThreadPoolExecutorTest=module("test_thread_pool").ThreadPoolExecutorTest,
+            ProcessPoolExecutorTest=module("test_process_pool").ProcessPoolExecutorTest,
+            sleep_and_print_module=shutdown.__name__,
+        )
+    return types.SimpleNamespace(  # 3.10 / 3.11: one module
+        ExecutorMixin=_cf.ExecutorMixin,
+        BaseTestCase=_cf.BaseTestCase,
+        ExecutorTest=_cf.ExecutorTest,
+        WaitTests=_cf.WaitTests,
+        ThreadPoolWaitTests=_cf.ThreadPoolWaitTests,
+        AsCompletedTests=_cf.AsCompletedTests,
+        ExecutorShutdownTest=_cf.ExecutorShutdownTest,
+        ThreadPoolExecutorTest=_cf.ThreadPoolExecutorTest,
+        ProcessPoolExecutorTest=_cf.ProcessPoolExecutorTest,
+        sleep_and_print_module=_cf.__name__,
+    )
+
+
+_std = _stdlib_tests()
+
+#: Generic stdlib mixins run on each route. None is SmartExecutor's own routing
+#: (builtins such as time.sleep go to threads, importable functions to fork).
+#: loky starts a fresh interpreter per worker (about a second per executor, and
+#: every test builds a new executor), so it runs the two mixins that exercise
+#: the executor itself rather than the futures it returns.
+PLAN: dict[str | None, tuple[str, ...]] = {
+    None: ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest"),
+    "thread": ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest"),
+    "fork": ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest"),
+    "loky": ("ExecutorTest", "ExecutorShutdownTest"),
+}
+
+_PROCESS_ROUTES = frozenset({None, "fork", "loky"})
+_ALL_ROUTES = frozenset(PLAN)
+
+#: Tests of the stdlib's pool-specific classes that check behaviour any
+#: executor must have: name -> (class holding it, mixin it joins, routes).
+#: Routes are restricted where the test itself needs threads (it mutates the
+#: test's own objects from the callable) or processes (it checks what happens
+#: in a worker process).
+BORROWED: dict[str, tuple[str, str, frozenset[str | None]]] = {
+    # map(chunksize=...) gives the same results; chunksize < 1 is a ValueError.
+    "test_map_chunksize": ("ProcessPoolExecutorTest", "ExecutorTest", _ALL_ROUTES),
+    # a worker drops a call's arguments once it has run (needs a process).
+    "test_ressources_gced_in_workers": (
+        "ProcessPoolExecutorTest", "ExecutorTest", _PROCESS_ROUTES,
+    ),
+    # a worker's traceback text reaches the parent as __cause__ (needs a process;
+    # run with smartexec's RemoteTraceback standing in for the stdlib-private class).
+    "test_traceback": ("ProcessPoolExecutorTest", "ExecutorTest", _PROCESS_ROUTES),
+    # map() submits everything before the first next() (the callable appends
+    # to a list in the test: threads only; default routing sends closures to loky).
+    "test_map_submits_without_iteration": (
+        "ThreadPoolExecutorTest", "ExecutorTest", frozenset({"thread"}),
+    ),
+    # a map() that times out cancels the items not started (same list: threads only).
+    "test_executor_map_current_future_cancel": (
+        "ThreadPoolExecutorTest", "ExecutorTest", frozenset({"thread"}),
+    ),
+    # wait() on 100 futures released at once (the callable waits on the test's
+    # threading.Event: threads only; on fork the worker's copy is never set).
+    "test_pending_calls_race": ("ThreadPoolWaitTests", "WaitTests", frozenset({"thread"})),
+}
+
+#: Tests of the stdlib's concurrent.futures suite not run here, and why.
+EXCLUDED: dict[str, str] = {
+    # ThreadPoolExecutorTest (test_thread_pool.py)
+    "ThreadPoolExecutorTest.test_default_workers": "reads executor._max_workers",
+    "ThreadPoolExecutorTest.test_saturation": "counts executor._threads",
+    "ThreadPoolExecutorTest.test_idle_thread_reuse": "counts executor._threads",
+    "ThreadPoolExecutorTest.test_hang_global_shutdown_lock":
+        "drives stdlib ThreadPoolExecutor/ProcessPoolExecutor directly (bpo-45021 lock)",
+    # ProcessPoolExecutorTest (test_process_pool.py)
+    "ProcessPoolExecutorTest.test_max_workers_too_large": "Windows-only ProcessPoolExecutor limit",
+    "ProcessPoolExecutorTest.test_killed_child":
+        "kills a worker found in executor._processes; expects the whole pool broken",
+    "ProcessPoolExecutorTest.test_saturation": "counts executor._processes",
+    "ProcessPoolExecutorTest.test_idle_process_reuse_one": "counts executor._processes",
+    "ProcessPoolExecutorTest.test_idle_process_reuse_multiple": "counts executor._processes",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child":
+        "max_tasks_per_child is a ProcessPoolExecutor-only argument",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context":
+        "max_tasks_per_child / executor._mp_context are ProcessPoolExecutor-only",
+    "ProcessPoolExecutorTest.test_max_tasks_early_shutdown":
+        "max_tasks_per_child is a ProcessPoolExecutor-only argument",
+    "ProcessPoolExecutorTest.test_python_finalization_error":
+        "patches threading._start_joinable_thread to break ProcessPoolExecutor's manager thread",
+    # ThreadPoolShutdownTest / ProcessPoolShutdownTest (test_shutdown.py)
+    "ThreadPoolShutdownTest.test_threads_terminate": "joins executor._threads",
+    "ThreadPoolShutdownTest.test_context_manager_shutdown":
+        "builds a stdlib ThreadPoolExecutor and joins its _threads",
+    "ThreadPoolShutdownTest.test_del_shutdown": "builds a stdlib ThreadPoolExecutor, reads _threads",
+    "ThreadPoolShutdownTest.test_shutdown_no_wait": "builds a stdlib ThreadPoolExecutor, reads _threads",
+    "ThreadPoolShutdownTest.test_thread_names_assigned": "thread_name_prefix and thread names",
+    "ThreadPoolShutdownTest.test_thread_names_default": "ThreadPoolExecutor's default thread names",
+    "ThreadPoolShutdownTest.test_cancel_futures_wait_false":
+        "runs a stdlib ThreadPoolExecutor in a child interpreter",
+    "ProcessPoolShutdownTest.test_processes_terminate": "counts and joins executor._processes",
+    "ProcessPoolShutdownTest.test_context_manager_shutdown":
+        "builds a stdlib ProcessPoolExecutor and joins its _processes",
+    "ProcessPoolShutdownTest.test_del_shutdown":
+        "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
+    "ProcessPoolShutdownTest.test_shutdown_no_wait":
+        "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
+    # Whole classes
+    "InitializerMixin / FailingInitializerMixin (test_init.py)":
+        "initializer/initargs are pool-constructor arguments SmartExecutor does not take",
+    "ExecutorDeadlockTest (test_deadlock.py)":
+        "ProcessPoolExecutor's BrokenProcessPool-on-crash contract and its internals",
+    "FutureTests (test_future.py)": "tests the Future class itself, not an executor",
+}
+
+#: Generic-mixin tests replaced by an adaptation, and why. The stdlib versions
+#: run a child interpreter that imports ``concurrent.futures.<executor_type.__name__>``;
+#: ours runs the same scenario with ``smartexec.SmartExecutor``.
+ADAPTED: dict[str, str] = {
+    "test_interpreter_shutdown": "child script imports the executor from concurrent.futures",
+    "test_submit_after_interpreter_shutdown":
+        "child script imports the executor from concurrent.futures",
+    "test_hang_gh83386": "child script imports the executor from concurrent.futures",
+}
+
+
+def _executor_type(backend: str | None) -> type[SmartExecutor]:
+    """SmartExecutor, or a subclass whose route defaults to ``backend``.
+
+    A subclass rather than ``executor_kwargs`` because several stdlib tests
+    build their own ``self.executor_type(max_workers=...)``.
+    """
+    if backend is None:
+        return SmartExecutor
+
+    def __init__(self: SmartExecutor, max_workers: int | None = None, **kwargs: object) -> None:
+        kwargs.setdefault("backend", backend)
+        SmartExecutor.__init__(self, max_workers, **kwargs)  # type: ignore[arg-type]
+
+    return type(
+        f"SmartExecutor_{backend}",
+        (SmartExecutor,),
+        {"__init__": __init__, "__module__": __name__},
+    )
+
+
+class SmartExecutorMixin(_std.ExecutorMixin):
+    """Like the stdlib's ``ThreadPoolMixin``: ``self.executor`` is a SmartExecutor."""
+
+    executor_type: type[SmartExecutor] = SmartExecutor
+    backend: str | None = None
+
+    def get_context(self) -> multiprocessing.context.BaseContext:
+        # Borrowed process tests make their Manager / Semaphore from it. No
+        # ``ctx`` attribute: ExecutorMixin would pass mp_context= to the executor.
+        return multiprocessing.get_context("fork")
+
+
+class AdaptedShutdownTests:
+    """The child-interpreter shutdown scenarios, run with smartexec."""
+
+    def _run_child(self, body: str) -> subprocess.CompletedProcess[bytes]:
+        header = (
+            "from smartexec import SmartExecutor\n"
+            f"from {_std.sleep_and_print_module} import sleep_and_print\n"
+            f"BACKEND = {self.backend!r}\n"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", header + textwrap.dedent(body)],
+            capture_output=True,
+            timeout=60,
+        )
+
+    def test_interpreter_shutdown(self) -> None:
+        # A task still running when the main module ends completes before exit.
+        proc = self._run_child(
+            """
+            t = SmartExecutor(5, backend=BACKEND)
+            t.submit(sleep_and_print, 1.0, "apple")
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, b"")
+        self.assertEqual(proc.stdout.strip(), b"apple")
+
+    def test_submit_after_interpreter_shutdown(self) -> None:
+        # submit() from an atexit hook raises "cannot schedule new futures",
+        # whether or not the executor had started its workers.
+        for warm in (False, True):
+            with self.subTest(workers_started=warm):
+                proc = self._run_child(
+                    f"""
+                    import atexit
+
+                    @atexit.register
+                    def run_last():
+                        try:
+                            t.submit(id, None)
+                        except RuntimeError:
+                            print("runtime-error")
+                            raise
+
+                    t = SmartExecutor(5, backend=BACKEND)
+                    if {warm!r}:
+                        t.submit(id, 42).result()
+                    """
+                )
+                self.assertIn(
+                    "RuntimeError: cannot schedule new futures", proc.stderr.decode()
+                )
+                self.assertEqual(proc.stdout.strip(), b"runtime-error")
+
+    def test_hang_gh83386(self) -> None:
+        # shutdown(wait=False) with a task running: the interpreter still exits
+        # once the task is done, without hanging.
+        proc = self._run_child(
+            """
+            t = SmartExecutor(max_workers=3, backend=BACKEND)
+            t.submit(sleep_and_print, 1.0, "apple")
+            t.shutdown(wait=False)
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stderr, b"")
+        self.assertEqual(proc.stdout.strip(), b"apple")
+
+
+def _borrowed_traceback_test(test: object) -> object:
+    """Run the stdlib's test_traceback with smartexec's RemoteTraceback.
+
+    The test asserts ``type(exc.__cause__) is concurrent.futures.process._RemoteTraceback``,
+    a stdlib-private class; smartexec's documented counterpart is
+    ``smartexec.errors.RemoteTraceback`` (same ``.tb`` attribute).
+    """
+
+    def test_traceback(self: object) -> None:
+        with unittest.mock.patch.object(_stdlib_process, "_RemoteTraceback", RemoteTraceback):
+            test(self)  # type: ignore[operator]
+
+    test_traceback.__doc__ = _borrowed_traceback_test.__doc__
+    return test_traceback
+
+
+def _route_label(backend: str | None) -> str:
+    return "Default" if backend is None else backend.capitalize()
+
+
+def _make_classes() -> dict[str, type]:
+    made: dict[str, type] = {}
+    for backend, mixins in PLAN.items():
+        for mixin_name in mixins:
+            mixin = getattr(_std, mixin_name)
+            namespace: dict[str, object] = {
+                "__module__": __name__,
+                "backend": backend,
+                "executor_type": _executor_type(backend),
+            }
+            bases: tuple[type, ...] = (SmartExecutorMixin, mixin, _std.BaseTestCase)
+            if mixin_name == "ExecutorShutdownTest":
+                bases = (AdaptedShutdownTests, *bases)
+            for test_name, (holder, joins, routes) in BORROWED.items():
+                if joins != mixin_name or backend not in routes:
+                    continue
+                source = getattr(_std, holder)
+                test = source.__dict__.get(test_name)
+                if test is None:  # not in this Python's version of the suite
+                    continue
+                if test_name == "test_traceback":
+                    namespace["_test_traceback"] = source.__dict__["_test_traceback"]
+                    test = _borrowed_traceback_test(test)
+                namespace[test_name] = test
+            short = mixin_name.removesuffix("Tests").removesuffix("Test")
+            name = f"Smart{_route_label(backend)}{short}Test"
+            made[name] = type(name, bases, namespace)
+    return made
+
+
+globals().update(_make_classes())
