@@ -1,0 +1,202 @@
+"""The fork backend: trampolines, pool generations, crashes, and exits."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+from smartexec import SmartExecutor, WorkerCrashedError
+from smartexec import trampoline
+
+from .._children import child_processes, run_python
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class NeverPickled:
+    """A big object that fails loudly if anything tries to pickle it."""
+
+    def __init__(self, nbytes=4 << 20):
+        self.values = np.arange(nbytes // 8, dtype=np.int64)
+        self.lock = threading.Lock()  # unpicklable anyway
+
+    def __reduce__(self):
+        raise RuntimeError("NeverPickled was pickled")
+
+    def lookup(self, i):
+        return int(self.values[i]) + os.getpid() * 0
+
+
+def crash_on(x, target, how):
+    if x == target:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+    return x
+
+
+def getpid(_=None):
+    return os.getpid()
+
+
+def test_shared_callable_is_never_pickled():
+    obj = NeverPickled()
+    with SmartExecutor(2) as ex:
+        decision = ex.explain(obj.lookup)
+        assert (decision.backend, decision.share) == ("fork", True)
+        assert list(ex.map(obj.lookup, range(100))) == list(range(100))
+        assert ex.submit(obj.lookup, 5).result(timeout=30) == 5
+
+
+def test_work_runs_in_other_processes():
+    with SmartExecutor(2, backend="fork") as ex:
+        pids = set(ex.map(getpid, range(20), chunksize=1))
+    assert os.getpid() not in pids
+
+
+def test_object_first_seen_after_the_fork_gets_a_new_pool():
+    with SmartExecutor(2) as ex:
+        first = NeverPickled()
+        assert ex.submit(first.lookup, 1).result(timeout=30) == 1
+        second = NeverPickled()  # created after the workers forked
+        assert list(ex.map(second.lookup, range(10))) == list(range(10))
+        # the first object still works (the new pool inherited it too)
+        assert ex.submit(first.lookup, 2).result(timeout=30) == 2
+
+
+def test_retired_pool_workers_exit():
+    with SmartExecutor(2) as ex:
+        ex.submit(NeverPickled().lookup, 0).result(timeout=30)
+        ex.submit(NeverPickled().lookup, 0).result(timeout=30)
+        ex.submit(NeverPickled().lookup, 0).result(timeout=30)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            workers = [c for c in child_processes(os.getpid()).values() if "resource_tracker" not in c]
+            if len(workers) <= 2:
+                break
+            time.sleep(0.05)
+        assert len(workers) <= 2, workers
+
+
+def test_shared_object_is_freed_when_the_user_drops_it():
+    with SmartExecutor(2) as ex:
+        obj = NeverPickled()
+        ref = weakref.ref(obj)
+        assert list(ex.map(obj.lookup, range(10))) == list(range(10))
+        del obj
+        gc.collect()
+        assert ref() is None
+
+
+def test_resolve_unknown_token_says_why():
+    with pytest.raises(LookupError, match="only workers forked by smartexec"):
+        trampoline.resolve(10**9, "thing.method")
+
+
+def test_shared_ref_pickles_to_a_few_bytes():
+    import pickle
+
+    ref = trampoline.SharedRef(trampoline.new_token(), "Index.query")
+    assert len(pickle.dumps(ref)) < 200
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_dead_worker_fails_only_its_chunk(how):
+    with SmartExecutor(2, backend="fork") as ex:
+        futures = [ex.submit(crash_on, i, 3, how) for i in range(21)]
+        outcomes = [f.exception(timeout=30) for f in futures]
+        failed = [i for i, e in enumerate(outcomes) if e is not None]
+        assert failed == [3]
+        error = outcomes[3]
+        assert isinstance(error, WorkerCrashedError)
+        if how == "kill":
+            assert "SIGKILL" in str(error) and "out-of-memory" in str(error)
+            assert error.exitcode == -signal.SIGKILL
+        else:
+            assert "exit code 3" in str(error)
+        assert [f.result() for i, f in enumerate(futures) if i != 3] == [
+            i for i in range(21) if i != 3
+        ]
+        # the executor stays usable
+        assert ex.submit(crash_on, 1, 3, how).result(timeout=30) == 1
+
+
+def test_function_defined_in_main_runs_in_a_child_interpreter():
+    result = run_python(
+        """
+        from smartexec import SmartExecutor
+
+        def triple(x):
+            return 3 * x
+
+        if __name__ == "__main__":
+            with SmartExecutor(2) as ex:
+                print(ex.explain(triple).backend, list(ex.map(triple, range(5))))
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "loky [0, 3, 6, 9, 12]"
+
+
+def test_forgotten_shutdown_exits_promptly_and_leaves_no_worker():
+    result = run_python(
+        """
+        import os, time
+        from smartexec import SmartExecutor
+        from tests.backends.test_fork import getpid
+        ex = SmartExecutor(2, backend="fork")
+        pids = set(ex.map(getpid, range(10), chunksize=1))
+        print(" ".join(map(str, pids)))
+        """,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    _assert_gone([int(p) for p in result.stdout.split()])
+
+
+def test_parent_killed_workers_exit_on_their_own():
+    result = run_python(
+        """
+        import os
+        from smartexec import SmartExecutor
+        from tests.backends.test_fork import getpid
+        ex = SmartExecutor(2, backend="fork")
+        pids = set(ex.map(getpid, range(10), chunksize=1))
+        print(" ".join(map(str, pids)), flush=True)
+        os._exit(0)  # no shutdown, no atexit: the workers must notice
+        """,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    _assert_gone([int(p) for p in result.stdout.split()])
+
+
+def _assert_gone(pids, within=5.0):
+    deadline = time.monotonic() + within
+    alive = pids
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
+        if not alive:
+            return
+        time.sleep(0.1)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"worker processes {alive} outlived their parent")
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] == "Z"

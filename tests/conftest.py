@@ -1,0 +1,49 @@
+"""Suite-wide guards: no test may leave worker processes or shared memory behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from ._children import child_processes, kill_all
+
+#: Long-lived helper processes that libraries keep on purpose for the whole
+#: interpreter (loky's and multiprocessing's resource trackers).
+_ALLOWED = ("resource_tracker",)
+
+
+def _leftovers() -> dict[int, str]:
+    return {
+        pid: cmd
+        for pid, cmd in child_processes(os.getpid()).items()
+        if not any(mark in cmd for mark in _ALLOWED)
+    }
+
+
+def _shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves child processes or /dev/shm segments behind."""
+    before_children = set(_leftovers())
+    before_shm = _shm()
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra = {p: c for p, c in _leftovers().items() if p not in before_children}
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    new_shm = _shm() - before_shm
+    if extra:
+        kill_all(extra)
+        pytest.fail(f"test left child processes running: {extra}")
+    if new_shm:
+        pytest.fail(f"test left shared-memory segments: {sorted(new_shm)}")

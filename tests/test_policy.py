@@ -1,0 +1,94 @@
+"""The routing table, walked without starting a process."""
+
+from __future__ import annotations
+
+import pytest
+
+from smartexec._system import Platform
+from smartexec.inspection import CallableProfile, PayloadSize
+from smartexec.policy import BIG_STATE_BYTES, Options, decide
+
+LINUX = Platform(("fork", "spawn", "forkserver"), 2, True, (3, 12))
+NO_FORK = Platform(("spawn",), 2, True, (3, 12))
+FREE_THREADED = Platform(("fork", "spawn", "forkserver"), 2, False, (3, 13))
+
+BIG = PayloadSize(BIG_STATE_BYTES + 1)
+HUGE_CAPPED = PayloadSize(64 << 20, capped=True)
+SMALL = PayloadSize(300)
+NONE = PayloadSize(0)
+LOCKED = PayloadSize(10, error="TypeError: cannot pickle '_thread.lock' object")
+
+
+def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
+    return CallableProfile(kind, "f", by_reference, state, "its state", gil_hint)
+
+
+@pytest.mark.parametrize(
+    "prof, platform, options, backend, share",
+    [
+        # big state: shared by copy-on-write, never pickled
+        (profile("bound_method", state=BIG), LINUX, Options(), "fork", True),
+        (profile("bound_method", state=HUGE_CAPPED), LINUX, Options(), "fork", True),
+        (profile("callable_instance", state=BIG), LINUX, Options(), "fork", True),
+        (profile("partial", state=BIG), LINUX, Options(), "fork", True),
+        (profile("closure", by_reference=False, state=BIG), LINUX, Options(), "fork", True),
+        (profile("lambda", by_reference=False, state=BIG), LINUX, Options(), "fork", True),
+        # big state beats prefer="threads": pickling it per task is the worst case
+        (profile("bound_method", state=BIG), LINUX, Options(prefer="threads"), "fork", True),
+        # no fork: threads share it rather than pickling it for every chunk
+        (profile("bound_method", state=BIG), NO_FORK, Options(), "thread", False),
+        (profile("bound_method", state=BIG), NO_FORK, Options(prefer="processes"), "loky", False),
+        # unpicklable state: fork shares it, elsewhere the pickling error names it
+        (profile("closure", by_reference=False, state=LOCKED), LINUX, Options(), "fork", True),
+        (profile("closure", by_reference=False, state=LOCKED), NO_FORK, Options(), "loky", False),
+        # by-value code
+        (profile("lambda", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
+        (profile("closure", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
+        (profile("nested", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
+        (profile("main", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
+        # GIL-releasing callables and hints
+        (profile("builtin", gil_hint="sleeps"), LINUX, Options(), "thread", False),
+        (profile("ufunc", gil_hint="ufunc"), LINUX, Options(), "thread", False),
+        (profile("builtin", gil_hint="sleeps"), LINUX, Options(prefer="processes"), "fork", False),
+        (profile("function"), LINUX, Options(prefer="threads"), "thread", False),
+        (profile("function"), FREE_THREADED, Options(), "thread", False),
+        # importable GIL-holding work: processes
+        (profile("function"), LINUX, Options(), "fork", False),
+        (profile("builtin"), LINUX, Options(), "fork", False),
+        (profile("bound_method", state=SMALL), LINUX, Options(), "fork", False),
+        (profile("function"), NO_FORK, Options(), "loky", False),
+        # forced backends win
+        (profile("bound_method", state=BIG), LINUX, Options(backend="loky"), "loky", False),
+        (profile("function"), LINUX, Options(backend="inline"), "inline", False),
+        (profile("bound_method", state=BIG), LINUX, Options(backend="fork"), "fork", True),
+        (profile("bound_method", state=SMALL), LINUX, Options(backend="fork"), "fork", False),
+        (profile("function"), LINUX, Options(backend="thread"), "thread", False),
+    ],
+)
+def test_routing_table(prof, platform, options, backend, share):
+    decision = decide(prof, platform, options)
+    assert (decision.backend, decision.share) == (backend, share), str(decision)
+    assert decision.reasons and all(isinstance(r, str) and r for r in decision.reasons)
+
+
+def test_reasons_name_the_state_and_its_size():
+    decision = decide(profile("bound_method", state=BIG), LINUX, Options())
+    text = str(decision)
+    assert "its state holds 1.0 MiB" in text
+    assert "copy-on-write" in text
+
+
+def test_reasons_say_why_fork_is_missing():
+    decision = decide(profile("function"), NO_FORK, Options())
+    assert "'fork' is not available" in str(decision)
+
+
+def test_threshold_is_configurable():
+    prof = profile("bound_method", state=SMALL)
+    assert decide(prof, LINUX, Options(big_state_bytes=100)).share is True
+    assert decide(prof, LINUX, Options()).share is False
+
+
+def test_decide_is_pure():
+    prof = profile("closure", by_reference=False, state=BIG)
+    assert decide(prof, LINUX, Options()) == decide(prof, LINUX, Options())
