@@ -66,8 +66,21 @@ def pickling_error(
                         break
             if found is not None:
                 break
-    if found is None:  # the pickler failed on something the walk cannot reach
-        where, part, reason = name, fn, f"{type(exc).__name__}: {exc}"
+    if found is None:
+        # The callable and its arguments pickle here, so what failed was made in
+        # the worker: the result (or an exception) on its way back.
+        reason = f"{type(exc).__name__}: {exc}"
+        if exc.__cause__ is not None:
+            reason += f" ({type(exc.__cause__).__name__}: {exc.__cause__})"
+        return PayloadPicklingError(
+            f"{name} ran on {backend} worker processes but its result could not be sent "
+            f"back: {reason}. {name} and its arguments pickle fine, so return plain data "
+            f'(numbers, strings, lists, dicts, numpy arrays), or use backend="thread" so '
+            f"results are not pickled.",
+            obj=fn,
+            where="result",
+            reason=reason,
+        )
     else:
         where, part, reason = found
     what = f"{where} is {_a(part)}, which cannot be pickled ({reason})"

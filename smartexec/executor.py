@@ -236,7 +236,10 @@ class SmartExecutor(Executor):
             decision = self._route(fn)
             backend = self._backend(decision.backend)
             size = chunksize or default_chunksize(
-                len(items), backend.max_workers, in_process=backend.shares_memory
+                len(items),
+                backend.max_workers,
+                in_process=backend.shares_memory,
+                synchronous=backend.synchronous,
             )
             target = backend.prepare(fn, decision.share)
             try:

@@ -18,7 +18,9 @@ __all__ = ["CHUNKS_PER_WORKER", "default_chunksize"]
 CHUNKS_PER_WORKER = 4
 
 
-def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False) -> int:
+def default_chunksize(
+    n_items: int, n_workers: int, *, in_process: bool = False, synchronous: bool = False
+) -> int:
     """Return the chunksize for a map of ``n_items`` over ``n_workers``.
 
     Args:
@@ -27,10 +29,15 @@ def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False)
         in_process: True for thread and inline backends, where a chunk costs
             no pickling; items then go one per chunk so that results stream
             as soon as each item finishes, as with ``ThreadPoolExecutor.map``.
+        synchronous: True for the inline backend, which runs every chunk
+            before ``map`` returns: one chunk holds every item, so the map
+            costs what a plain loop costs.
 
     Returns:
         An int >= 1.
     """
+    if synchronous:
+        return max(1, n_items)
     if in_process or n_items <= 0:
         return 1
     chunks = max(1, n_workers) * CHUNKS_PER_WORKER

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -22,11 +23,26 @@ def _leftovers() -> dict[int, str]:
     }
 
 
+_OWNER = re.compile(r"loky-(\d+)-")
+
+
 def _shm() -> set[str]:
+    """Segments in /dev/shm, less those that name another process as their owner.
+
+    loky names its semaphores ``sem.loky-<pid>-...``: those of other processes
+    (a concurrent test run) are not ours to judge.
+    """
     try:
-        return set(os.listdir("/dev/shm"))
+        names = os.listdir("/dev/shm")
     except FileNotFoundError:
         return set()
+    ours = {os.getpid(), *child_processes(os.getpid())}
+    kept = set()
+    for name in names:
+        owner = _OWNER.search(name)
+        if owner is None or int(owner.group(1)) in ours:
+            kept.add(name)
+    return kept
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,8 @@ class Backend(abc.ABC):
         pickles_closures: lambdas and closures can be sent (cloudpickle).
         copy_on_write: workers inherit the parent's memory at fork time.
         distributed: workers may run on other machines.
+        synchronous: chunks run in the submitting thread before
+            ``submit_chunk`` returns (inline).
 
     Args:
         max_workers: how many workers to run (int >= 1), or None for the
@@ -44,6 +46,7 @@ class Backend(abc.ABC):
     pickles_closures: ClassVar[bool] = False
     copy_on_write: ClassVar[bool] = False
     distributed: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = False
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         self.max_workers = max_workers if max_workers is not None else self.default_workers(cpu_count)

@@ -167,6 +167,7 @@ class _ForkPool:
         self._queue: collections.deque[_Task] = collections.deque()
         self._unsent: collections.deque[_Task] = collections.deque()
         self._closing = False
+        self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         objects = live_objects()
@@ -210,10 +211,15 @@ class _ForkPool:
         return not self._thread.is_alive()
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass  # already awake, or shut down
+        # Under the lock: once the dispatcher has closed the pipe, its fd number
+        # may belong to someone else's file (writing there corrupted loky's pipes).
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:
+                pass  # the pipe is full: the dispatcher is awake anyway
 
     # -- dispatcher thread ---------------------------------------------------------
 
@@ -342,8 +348,10 @@ class _ForkPool:
             worker.conn.close()
             worker.process.close()
         self._workers = []
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
         _LIVE_POOLS.discard(self)
 
 

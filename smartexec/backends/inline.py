@@ -22,6 +22,7 @@ class InlineBackend(Backend):
     name = "inline"
     shares_memory = True
     pickles_closures = True
+    synchronous = True
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:

@@ -7,12 +7,18 @@ functions defined in ``__main__`` travel by value.
 Each ``SmartExecutor`` owns its own ``loky.ProcessPoolExecutor`` rather than
 sharing loky's process-wide reusable executor, so that ``shutdown()`` stops
 exactly the workers this executor started and never another's.
+
+When a loky worker dies, loky marks the whole pool broken and fails every
+pending future with ``TerminatedWorkerError`` (a ``BrokenProcessPool``). The
+backend then starts a fresh pool at the next submit, so the executor stays
+usable; the chunks that were pending when the worker died are not retried.
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Sequence
 
 from .._remote import Call, ChunkResult, run_chunk
@@ -29,15 +35,24 @@ class LokyBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
-        from loky import ProcessPoolExecutor
-
-        self._pool = ProcessPoolExecutor(max_workers=self.max_workers)
+        self._pool = self._new_pool()
         # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
         self._pending: set[Future[ChunkResult]] = set()
         self._lock = threading.Lock()
 
+    def _new_pool(self) -> Any:
+        from loky import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=self.max_workers)
+
     def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
-        future = self._pool.submit(run_chunk, fn, chunk, True)
+        try:
+            future = self._pool.submit(run_chunk, fn, chunk, True)
+        except BrokenProcessPool:
+            # A worker died earlier and loky broke the pool: replace it once.
+            broken, self._pool = self._pool, self._new_pool()
+            broken.shutdown(wait=False, kill_workers=True)
+            future = self._pool.submit(run_chunk, fn, chunk, True)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)

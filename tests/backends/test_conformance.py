@@ -190,3 +190,18 @@ class TestFork(BackendConformance):
 
 class TestLoky(BackendConformance):
     backend = "loky"
+
+
+def die_on_three(x):
+    if x == 3:
+        os._exit(7)
+    return x
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_executor_stays_usable_after_a_worker_dies(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        futures = [ex.submit(die_on_three, i) for i in range(6)]
+        cf.wait(futures, timeout=30)
+        assert futures[3].exception() is not None
+        assert ex.submit(abs, -5).result(timeout=30) == 5

@@ -1,0 +1,213 @@
+"""SmartExecutor as a concurrent.futures.Executor: routing, explain, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from smartexec import (
+    BackendUnavailableError,
+    PayloadPicklingError,
+    SmartExecutor,
+    UnknownBackendError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def square(x):
+    return x * x
+
+
+class BigIndex:
+    def __init__(self, nbytes):
+        self.values = np.arange(nbytes // 8, dtype=np.int64)
+
+    def query(self, i):
+        return int(self.values[i])
+
+
+def test_is_an_executor():
+    assert issubclass(SmartExecutor, cf.Executor)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_workers_must_be_positive(bad):
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        SmartExecutor(bad)
+
+
+def test_max_workers_must_be_an_int():
+    with pytest.raises(TypeError, match="max_workers must be an int"):
+        SmartExecutor("2")  # type: ignore[arg-type]
+
+
+def test_prefer_is_checked():
+    with pytest.raises(ValueError, match="prefer must be one of 'threads', 'processes'"):
+        SmartExecutor(prefer="gpu")  # type: ignore[arg-type]
+
+
+def test_unknown_backend_lists_the_known_ones_and_a_close_match():
+    with pytest.raises(UnknownBackendError) as info:
+        SmartExecutor(backend="threads")
+    assert "did you mean 'thread'?" in str(info.value)
+    assert {"fork", "inline", "loky", "thread"} <= set(info.value.known)
+    assert isinstance(info.value, ValueError)
+
+
+def test_chunksize_must_be_positive():
+    with SmartExecutor(backend="inline") as ex:
+        with pytest.raises(ValueError, match="chunksize must be >= 1"):
+            ex.map(square, [1], chunksize=0)
+
+
+def test_explain_routes_as_issue_2_asks():
+    index = BigIndex(100_000_000)
+    with SmartExecutor() as ex:
+        assert ex.explain(index.query).backend == "fork"
+        assert ex.explain(index.query).share
+        assert ex.explain(lambda x: x).backend == "loky"
+        offset = 1
+        assert ex.explain(lambda x: x + offset).backend == "loky"
+        assert ex.explain(time.sleep).backend == "thread"
+        assert ex.explain(square).backend == "fork"
+
+
+def test_explain_runs_nothing_and_reports_argument_size():
+    calls = []
+
+    def record(x):
+        calls.append(x)
+
+    with SmartExecutor() as ex:
+        decision = ex.explain(record, np.zeros(1 << 17))
+        assert calls == []
+        assert "arguments pickle to 1.0 MiB" in str(decision)
+        assert ex._backends == {}  # nothing started
+
+
+def test_decision_str_is_readable():
+    with SmartExecutor() as ex:
+        text = str(ex.explain(time.sleep))
+    assert text.startswith("sleep -> thread")
+    assert "GIL" in text
+
+
+def test_decisions_are_logged_once_per_callable():
+    with SmartExecutor(backend="inline") as ex:
+        for _ in range(3):
+            ex.submit(square, 2).result()
+        list(ex.map(abs, [-1]))
+    assert [d.profile.name for d in ex.decisions()] == ["square", "abs"]
+
+
+def test_every_route_equals_a_serial_loop():
+    index = BigIndex(8 << 20)
+    offset = 3
+    cases = [
+        (square, range(30)),  # fork
+        (index.query, range(30)),  # fork + trampoline
+        (lambda x: x + offset, range(30)),  # loky
+        (abs, range(-15, 15)),  # fork (builtin)
+        (np.negative, [np.arange(3)] * 4),  # thread (ufunc)
+    ]
+    with SmartExecutor(2) as ex:
+        for fn, items in cases:
+            items = list(items)
+            got = list(ex.map(fn, items))
+            expected = [fn(i) for i in items]
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected)), ex.explain(fn)
+        backends = {d.backend for d in ex.decisions()}
+    assert backends == {"fork", "loky", "thread"}
+
+
+def test_unpicklable_closure_without_fork_gets_a_clear_error():
+    lock = threading.Lock()
+
+    def uses_lock(x):
+        return lock.locked() or x
+
+    with SmartExecutor(2, backend="loky") as ex:
+        with pytest.raises(PayloadPicklingError) as info:
+            ex.submit(uses_lock, 1).result(timeout=30)
+    message = str(info.value)
+    assert "uses_lock" in message and "cell 'lock'" in message
+    assert 'backend="thread"' in message
+
+
+def test_unpicklable_closure_with_fork_is_shared_not_pickled():
+    lock = threading.Lock()
+
+    def uses_lock(x):
+        return (lock.locked(), x)
+
+    with SmartExecutor(2) as ex:
+        assert ex.explain(uses_lock).backend == "fork"
+        assert list(ex.map(uses_lock, range(4))) == [(False, i) for i in range(4)]
+
+
+def test_unpicklable_argument_in_map_raises_from_map_and_cancels_the_rest():
+    with SmartExecutor(2, backend="fork") as ex:
+        with pytest.raises(PayloadPicklingError, match="argument 0"):
+            ex.map(square, [1, 2, threading.Lock(), 4], chunksize=1)
+        assert ex.submit(square, 5).result(timeout=30) == 25
+
+
+def test_cancel_a_pending_future():
+    with SmartExecutor(1, backend="thread") as ex:
+        blocker = ex.submit(time.sleep, 0.5)
+        pending = ex.submit(square, 3)
+        assert pending.cancel()
+        assert pending.cancelled()
+        done, _ = cf.wait([pending], timeout=5)
+        assert pending in done
+        blocker.result()
+        assert not blocker.cancel()
+
+
+def test_shutdown_cancel_futures_cancels_queued_work():
+    ex = SmartExecutor(1, backend="fork")
+    futures = [ex.submit(time.sleep, 0.2) for _ in range(10)]
+    ex.shutdown(wait=True, cancel_futures=True)
+    cancelled = [f for f in futures if f.cancelled()]
+    assert len(cancelled) >= 7
+    assert all(f.done() for f in futures)
+
+
+def test_many_threads_submitting_at_once():
+    with SmartExecutor(2) as ex:
+        results = [[] for _ in range(8)]
+
+        def client(k):
+            results[k] = [ex.submit(square, k * 100 + i).result(timeout=30) for i in range(20)]
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert results == [[(k * 100 + i) ** 2 for i in range(20)] for k in range(8)]
+
+
+def test_usable_from_asyncio_run_in_executor():
+    async def main(ex):
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*(loop.run_in_executor(ex, square, i) for i in range(5)))
+
+    with SmartExecutor(2) as ex:
+        assert asyncio.run(main(ex)) == [0, 1, 4, 9, 16]
+
+
+def test_backend_unavailable_is_an_import_error():
+    assert issubclass(BackendUnavailableError, ImportError)
+
+
+def test_repr_says_what_started():
+    with SmartExecutor(backend="inline") as ex:
+        ex.submit(square, 1)
+        assert "inline" in repr(ex)
