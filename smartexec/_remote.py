@@ -14,6 +14,7 @@ traceback text.
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from typing import Any, Callable, NamedTuple, Sequence
@@ -93,7 +94,12 @@ def remote_exception(exc: BaseException) -> Any:
     return _ExceptionWithTraceback(exc, tb)
 
 
-def run_chunk(fn: Callable[..., Any], chunk: Sequence[Call], remote: bool = False) -> ChunkResult:
+def run_chunk(
+    fn: Callable[..., Any],
+    chunk: Sequence[Call],
+    remote: bool = False,
+    budget_s: float | None = None,
+) -> ChunkResult:
     """Call ``fn`` on each item of ``chunk``; keep every outcome.
 
     Args:
@@ -101,17 +107,24 @@ def run_chunk(fn: Callable[..., Any], chunk: Sequence[Call], remote: bool = Fals
         chunk: a sequence of ``(args, kwargs)`` pairs.
         remote: True when the outcomes will be pickled to another process:
             exceptions are then wrapped by :func:`remote_exception`.
+        budget_s: stop after the item during which this many seconds have
+            passed (at least one item always runs); None runs every item.
+            The caller re-sends the items with no outcome.
 
     Returns:
-        A :class:`ChunkResult`. Exceptions (``BaseException`` included, as in
-        ``concurrent.futures``) are caught and stored, never raised.
+        A :class:`ChunkResult` with one outcome per item run, in order.
+        Exceptions (``BaseException`` included, as in ``concurrent.futures``)
+        are caught and stored, never raised.
     """
     outcomes: list[tuple[bool, Any]] = []
     start = time.perf_counter()
+    deadline = math.inf if budget_s is None else start + budget_s
     for args, kwargs in chunk:
         try:
             outcomes.append((True, fn(*args, **kwargs)))
         except BaseException as exc:
             outcomes.append((False, remote_exception(exc) if remote else exc))
             del exc
+        if budget_s is not None and time.perf_counter() > deadline:
+            break
     return ChunkResult(outcomes, time.perf_counter() - start)

@@ -8,6 +8,7 @@ cached per callable (weakly: the cache never keeps a callable alive).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -16,14 +17,15 @@ from typing import Any, Literal, TypeVar
 
 from ._diagnose import is_pickling_failure, pickling_error
 from ._identity import WeakCallable, identity_key
-from ._remote import Call, ChunkResult
+from ._mapping import ChunkStream, default_buffersize
+from ._remote import Call, ChunkResult, dumps
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .registry import get_backend_class
-from .tuning import default_chunksize
+from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, inline_verdict
 
 __all__ = ["SmartExecutor"]
 
@@ -127,8 +129,9 @@ class SmartExecutor(Executor):
         self._lock = threading.RLock()
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
-        self._decisions: dict[Any, tuple[WeakCallable, Decision]] = {}
+        self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._log: list[Decision] = []
+        self._started: set[str] = set()
 
     @staticmethod
     def _check_available(name: str) -> type[Backend]:
@@ -143,18 +146,20 @@ class SmartExecutor(Executor):
 
     # -- routing -----------------------------------------------------------------
 
-    def _route(self, fn: Callable[..., Any]) -> Decision:
+    def _route(self, fn: Callable[..., Any]) -> tuple[Decision, Estimate]:
+        """The policy's decision for ``fn`` and its per-item estimate, cached weakly."""
         key = identity_key(fn)
         cached = self._decisions.get(key)
         if cached is not None and cached[0].matches(fn):
-            return cached[1]
+            return cached[1], cached[2]
         decision = decide(inspect_callable(fn), self._platform, self._options)
+        estimate = Estimate()
         decisions = self._decisions  # the weakref callback must not hold self
         handle = WeakCallable(fn, lambda: decisions.pop(key, None))
         if handle.weak:
-            decisions[key] = (handle, decision)
+            decisions[key] = (handle, decision, estimate)
         self._log.append(decision)
-        return decision
+        return decision, estimate
 
     def _backend(self, name: str) -> Backend:
         backend = self._backends.get(name)
@@ -178,7 +183,14 @@ class SmartExecutor(Executor):
         Raises:
             TypeError: ``fn`` is not callable.
         """
-        decision = self._route(fn)
+        decision, estimate = self._route(fn)
+        if estimate.per_item_s is not None:
+            decision = Decision(
+                decision.backend,
+                (*decision.reasons, f"measured so far: {estimate!r}"),
+                share=decision.share,
+                profile=decision.profile,
+            )
         if args or kwargs:
             size = payload_size((args, kwargs))
             note = f"one call's arguments pickle to {size}"
@@ -203,11 +215,12 @@ class SmartExecutor(Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            decision = self._route(fn)
+            decision, _ = self._route(fn)
             backend = self._backend(decision.backend)
             target = backend.prepare(fn, decision.share)
             call: Call = (args, kwargs)
             inner = backend.submit_chunk(target, [call])
+            self._started.add(backend.name)
         return _CallFuture(inner, fn, call, backend.name)
 
     submit.__doc__ = (Executor.submit.__doc__ or "") + """
@@ -224,41 +237,124 @@ class SmartExecutor(Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        buffersize: int | None = None,
     ) -> Iterator[T]:
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
+        if buffersize is not None and (not isinstance(buffersize, int) or buffersize < 1):
+            raise ValueError("buffersize must be None or > 0.")
         end_time = None if timeout is None else timeout + time.monotonic()
-        items = list(zip(*iterables))
-        pending: list[tuple[Future[ChunkResult], list[Call]]] = []
+        remaining = _common_length(iterables)
+        inputs = zip(*iterables)
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            decision = self._route(fn)
+            decision, estimate = self._route(fn)
             backend = self._backend(decision.backend)
-            size = chunksize or default_chunksize(
-                len(items),
-                backend.max_workers,
-                in_process=backend.shares_memory,
-                synchronous=backend.synchronous,
+            started = backend.name in self._started
+        if backend.synchronous:
+            return _lazy_inline(fn, inputs)
+
+        prefix: list[Any] = []
+        # Callables shared by copy-on-write never run here: their writes to
+        # their own state must stay in the workers, for every item alike.
+        auto = (
+            chunksize is None
+            and self._options.backend is None
+            and timeout is None
+            and not decision.share
+        )
+        if auto:
+            if estimate.per_item_s is None:
+                inputs, probe = _probe(fn, inputs, estimate, pickled=not backend.shares_memory)
+                prefix = probe.results
+                if probe.error is not None:
+                    return _then_raise(prefix, probe.error)
+                if probe.exhausted:
+                    self._note(decision, "inline", None, (
+                        f"the whole input ({len(prefix)} items) ran in this thread while "
+                        f"measuring it: {probe.elapsed_s * 1000:.1f} ms, "
+                        f"{probe.elapsed_s / max(len(prefix), 1) * 1e6:.2f} us per item",
+                    ))
+                    return iter(prefix)
+                if remaining is not None:
+                    remaining -= len(prefix)
+            verdict = inline_verdict(
+                per_item_s=estimate.per_item_s or 0.0,
+                pickle_parent_s=estimate.pickle_parent_s,
+                pickle_worker_s=estimate.pickle_parent_s,
+                remaining=remaining,
+                n_workers=backend.max_workers,
+                startup_s=0.0 if started else backend.worker_startup_s * backend.max_workers,
+                overhead_s=backend.chunk_overhead_s,
             )
+            if verdict.inline:
+                self._note(decision, "inline", None, (verdict.reason,))
+                return _inline_rest(fn, prefix, inputs, eager=remaining is not None)
+            self._note(decision, decision.backend, None, (verdict.reason,))
+
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
             target = backend.prepare(fn, decision.share)
-            try:
-                for start in range(0, len(items), size):
-                    chunk: list[Call] = [(args, {}) for args in items[start : start + size]]
-                    pending.append((backend.submit_chunk(target, chunk), chunk))
-            except BaseException:
-                for future, _ in pending:
-                    future.cancel()
-                raise
-        del items
-        return _results(pending, end_time, fn, backend.name)
+            self._started.add(backend.name)
+
+            def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
+                return backend.submit_chunk(target, calls, budget_s)
+
+            def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
+                if is_pickling_failure(exc):
+                    return pickling_error(fn, calls, exc, backend.name)
+                return exc
+
+            stream = ChunkStream(
+                send=send,
+                calls=((args, {}) for args in inputs),
+                remaining=remaining,
+                n_workers=backend.max_workers,
+                overhead_s=backend.chunk_overhead_s,
+                estimate=None if chunksize is not None else estimate,
+                fixed_chunksize=chunksize,
+                buffersize=buffersize or default_buffersize(backend.max_workers),
+                end_time=end_time,
+                on_chunk_error=explain_error,
+            )
+        return _stream_values(prefix, stream)
 
     map.__doc__ = (Executor.map.__doc__ or "") + """
-        smartexec adds: items travel in chunks of ``chunksize`` items (None
-        picks about four chunks per process worker, one item per chunk on
-        threads); each item's exception is raised at its own position, after
-        the results of the items before it, even within a chunk.
+        smartexec adds:
+
+        * the input is read lazily and at most ``buffersize`` chunks are in
+          flight (default ``2 * workers + 2``), so ``map`` over an endless
+          generator streams in flat memory (``buffersize`` as in Python
+          3.14's ``Executor.map``, counted in chunks);
+        * with no ``chunksize``, chunks are sized from per-item time measured
+          in the workers, re-tuned as chunks finish; workers stop a chunk that
+          runs far past its expected time and the rest is re-chunked;
+        * when the executor chose the backend (no ``backend=``), no
+          ``chunksize`` and no ``timeout`` are given, the first items run in
+          the calling thread for about 10 ms to measure them (their results
+          are kept, and their side effects happen in this process); if a
+          plain loop is predicted to be at least as fast, the whole map runs
+          inline (see :meth:`decisions` for the figures). Callables shared
+          with fork workers by copy-on-write never run in the calling thread;
+        * each item's exception is raised at its own position, after the
+          results of the items before it, even within a chunk; closing the
+          iterator early cancels every chunk not yet started.
         """
+
+    def _note(
+        self, decision: Decision, backend: str, size: int | None, reasons: tuple[str, ...]
+    ) -> None:
+        self._log.append(
+            Decision(
+                backend,
+                (*reasons, *decision.reasons),
+                share=decision.share and backend == decision.backend,
+                chunksize=size,
+                profile=decision.profile,
+            )
+        )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -278,33 +374,105 @@ class SmartExecutor(Executor):
         return f"<SmartExecutor {state}; backends started: {started}>"
 
 
-def _results(
-    pending: list[tuple[Future[ChunkResult], list[Call]]],
-    end_time: float | None,
-    fn: Any,
-    backend: str,
+def _common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
+    """The number of items ``zip(*iterables)`` yields, when all have a length."""
+    lengths = []
+    for iterable in iterables:
+        try:
+            lengths.append(len(iterable))  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    return min(lengths) if lengths else 0
+
+
+class _Probe:
+    __slots__ = ("results", "error", "exhausted", "elapsed_s")
+
+    def __init__(self) -> None:
+        self.results: list[Any] = []
+        self.error: BaseException | None = None
+        self.exhausted = False
+        self.elapsed_s = 0.0
+
+
+#: Arguments and results pickled to measure the parent's per-item pickling cost.
+_PICKLE_SAMPLE = 64
+
+
+def _probe(
+    fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]], estimate: Estimate, *, pickled: bool
+) -> tuple[Iterator[tuple[Any, ...]], _Probe]:
+    """Run the first items in this thread for about ``PROBE_S``; measure them.
+
+    Items run in batches of doubling size through ``itertools.starmap`` so
+    that measuring costs almost nothing per item. Returns the (partly
+    consumed) input and what ran: results in order, the first exception (the
+    probe stops there, as a loop would), whether the input ran out.
+    """
+    probe = _Probe()
+    head = list(itertools.islice(inputs, _PICKLE_SAMPLE)) if pickled else []
+    inputs = itertools.chain(head, inputs)
+    results = probe.results
+    batch = 1
+    start = time.perf_counter()
+    while True:
+        before = len(results)
+        try:
+            results.extend(itertools.starmap(fn, itertools.islice(inputs, batch)))
+        except Exception as exc:
+            probe.error = exc
+            break
+        if len(results) - before < batch:
+            probe.exhausted = True
+            break
+        if time.perf_counter() - start >= PROBE_S or len(results) >= PROBE_MAX_ITEMS:
+            break
+        batch = min(2 * batch, PROBE_MAX_ITEMS - len(results))
+    probe.elapsed_s = time.perf_counter() - start
+    estimate.observe(len(results), probe.elapsed_s)
+    if pickled and results and probe.error is None:
+        sample = (head[: len(results)], results[:_PICKLE_SAMPLE])
+        begin = time.perf_counter()
+        try:
+            dumps(sample)
+        except Exception:
+            pass  # sending will raise a clear error later
+        else:
+            # dumps here, loads on the other side: about twice the dumps time
+            estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(sample[1])
+    return inputs, probe
+
+
+def _then_raise(results: list[Any], error: BaseException) -> Iterator[Any]:
+    yield from results
+    raise error
+
+
+def _lazy_inline(fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
+    yield from itertools.starmap(fn, inputs)
+
+
+def _inline_rest(
+    fn: Callable[..., Any], prefix: list[Any], inputs: Iterator[tuple[Any, ...]], *, eager: bool
 ) -> Iterator[Any]:
-    """Yield each item's result in order; on exit cancel what has not run."""
+    """Run the rest of a map in this thread: eagerly for a sized input, else lazily."""
+    if not eager:
+        return itertools.chain(prefix, _lazy_inline(fn, inputs))
     try:
-        pending.reverse()  # pop from the end: drop references as we go
-        while pending:
-            future, chunk = pending[-1]
-            try:
-                if end_time is None:
-                    result = future.result()
-                else:
-                    result = future.result(end_time - time.monotonic())
-            except BaseException as exc:
-                if is_pickling_failure(exc) and not future.cancelled():
-                    raise pickling_error(fn, chunk, exc, backend) from exc
-                raise
-            pending.pop()
-            del future, chunk
-            for ok, value in result.outcomes:
-                if not ok:
-                    raise value
-                yield value
-            del result
+        prefix.extend(itertools.starmap(fn, inputs))  # keeps the items done before an error
+    except Exception as exc:
+        return _then_raise(prefix, exc)
+    return iter(prefix)
+
+
+def _stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
+    """Yield the probe's results, then each streamed outcome; raise at its position."""
+    try:
+        yield from prefix
+        del prefix[:]
+        for ok, value in stream:
+            if not ok:
+                raise value
+            yield value
     finally:
-        for future, _ in pending:
-            future.cancel()
+        stream.cancel()

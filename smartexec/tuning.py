@@ -1,44 +1,242 @@
-"""Chunksize: how many items go to a worker in one submission.
+"""Chunksize and the inline verdict, from per-item seconds measured where work runs.
 
-A process worker pays a fixed cost per chunk (pickling, two pipe trips, a
-wake-up): about 200-300 us on the 2-core machine this was written on. Bigger
-chunks amortise it; too few chunks leave workers idle at the end of a map.
-Until per-item latency is measured (a later seam), the chunksize is derived
-from the item count alone, as ``multiprocessing.Pool.map`` does: about four
-chunks per worker.
+A worker reports how long each chunk's calls took (``ChunkResult.compute_s``),
+excluding dispatch. :class:`Estimate` keeps a running per-item figure for each
+callable; :func:`chunksize` turns it into items per chunk, and
+:func:`inline_verdict` predicts whether parallel execution can beat a plain
+loop at all.
+
+The cost model, per backend (see each backend's ``startup_s`` and
+``chunk_overhead_s``):
+
+* serial time  = items x per-item seconds;
+* parallel time = start-up (unless the workers already run)
+  + items x max(parent's pickling per item, (per-item + worker's pickling) / workers)
+  + chunks x per-chunk overhead / workers.
+
+Chunks aim at :data:`TARGET_CHUNK_S` of work: long enough that a process
+backend's per-chunk cost (about 150 us for fork, 250 us for loky on the 2-core
+machine this was measured on) stays near 1 %, short enough that every worker
+gets several chunks and results keep flowing. Near the end of a map of known
+length chunks shrink so that workers finish together. Workers also stop a
+chunk early once it has run :data:`CHUNK_BUDGET_FACTOR` times its target (the
+rest of its items are sent again, sized by the newer estimate), so a fast
+prefix followed by slow items cannot lock in huge slow chunks.
 """
 
 from __future__ import annotations
 
-__all__ = ["CHUNKS_PER_WORKER", "default_chunksize"]
+import math
+import threading
+from dataclasses import dataclass
 
-#: Chunks per worker for a map of known length: enough to balance uneven items
-#: across workers at the end of the map, few enough to amortise dispatch.
+__all__ = [
+    "CHUNKS_PER_WORKER",
+    "TARGET_CHUNK_S",
+    "CHUNK_BUDGET_FACTOR",
+    "PROBE_S",
+    "MAX_CHUNK_ITEMS",
+    "Estimate",
+    "chunksize",
+    "chunk_budget_s",
+    "default_chunksize",
+    "inline_verdict",
+    "Verdict",
+]
+
+#: Chunks per worker for a map of known length before anything is measured:
+#: enough to balance uneven items at the end, few enough to amortise dispatch.
 #: Source: multiprocessing.Pool.map's heuristic (CPython Lib/multiprocessing/pool.py).
 CHUNKS_PER_WORKER = 4
+
+#: Seconds of work a chunk aims at once per-item time is known. 100x the fork
+#: backend's per-chunk cost, so dispatch stays near 1 % of the work.
+#: Source: benchmarks/bench_overheads.py (fork 118-152 us, loky 238-286 us,
+#: threads 16-25 us per chunk; 2-core machine, 2026-11-29).
+TARGET_CHUNK_S = 0.02
+
+#: A worker stops a chunk once it has run this many times its target; the
+#: unfinished items go back to be re-chunked.
+CHUNK_BUDGET_FACTOR = 4.0
+
+#: Seconds of real work the first items of a map run in the calling thread to
+#: measure them (their results are kept), when the policy chose the backend.
+PROBE_S = 0.01
+
+#: The probe stops after this many items even if they took under PROBE_S.
+PROBE_MAX_ITEMS = 10_000
+
+#: Never more items than this in one chunk: bounds the memory of the window.
+#: At 10,000 items a 150 us chunk overhead costs 15 ns per item.
+MAX_CHUNK_ITEMS = 10_000
+
+#: Tail: once fewer items remain than this many chunks per worker would hold,
+#: chunks shrink so that all workers finish together.
+TAIL_CHUNKS_PER_WORKER = 2
+
+#: Parallel must be predicted at least this much faster to beat a plain loop.
+INLINE_MARGIN = 0.8
+
+
+class Estimate:
+    """A running per-item time for one callable, from chunks as they finish.
+
+    Each finished chunk contributes its mean per-item seconds with weight
+    ``ALPHA``, so the figure follows items that get slower or faster within
+    a few chunks. Thread-safe.
+
+    Attributes:
+        per_item_s: current estimate in seconds, or None before any sample.
+        items: number of items measured so far.
+        pickle_parent_s: seconds per item the parent spends pickling
+            arguments and unpickling results (0 on in-process backends).
+    """
+
+    ALPHA = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.per_item_s: float | None = None
+        self.items = 0
+        self.pickle_parent_s = 0.0
+
+    def observe(self, n_items: int, compute_s: float) -> None:
+        """Record that ``n_items`` items took ``compute_s`` seconds of work."""
+        if n_items <= 0:
+            return
+        sample = max(compute_s, 0.0) / n_items
+        with self._lock:
+            if self.per_item_s is None:
+                self.per_item_s = sample
+            else:
+                self.per_item_s += self.ALPHA * (sample - self.per_item_s)
+            self.items += n_items
+
+    def __repr__(self) -> str:
+        if self.per_item_s is None:
+            return "Estimate(unmeasured)"
+        return f"Estimate({self.per_item_s * 1e6:.1f} us per item over {self.items} items)"
 
 
 def default_chunksize(
     n_items: int, n_workers: int, *, in_process: bool = False, synchronous: bool = False
 ) -> int:
-    """Return the chunksize for a map of ``n_items`` over ``n_workers``.
+    """Return a chunksize before anything is measured.
 
     Args:
-        n_items: number of items in the map (int, >= 0).
-        n_workers: number of workers that will run chunks (int, >= 1).
-        in_process: True for thread and inline backends, where a chunk costs
-            no pickling; items then go one per chunk so that results stream
-            as soon as each item finishes, as with ``ThreadPoolExecutor.map``.
-        synchronous: True for the inline backend, which runs every chunk
-            before ``map`` returns: one chunk holds every item, so the map
-            costs what a plain loop costs.
+        n_items: items in the map (int >= 0).
+        n_workers: workers that run chunks (int >= 1).
+        in_process: thread backend: one item per chunk, so results stream.
+        synchronous: inline backend: one chunk holds every item.
 
     Returns:
-        An int >= 1.
+        An int >= 1: about :data:`CHUNKS_PER_WORKER` chunks per worker.
     """
     if synchronous:
         return max(1, n_items)
     if in_process or n_items <= 0:
         return 1
-    chunks = max(1, n_workers) * CHUNKS_PER_WORKER
-    return max(1, -(-n_items // chunks))
+    return max(1, -(-n_items // (max(1, n_workers) * CHUNKS_PER_WORKER)))
+
+
+def chunksize(
+    per_item_s: float, n_workers: int, overhead_s: float, remaining: int | None = None
+) -> int:
+    """Return items per chunk for a measured per-item time.
+
+    Args:
+        per_item_s: measured seconds per item (float >= 0).
+        n_workers: workers running chunks (int >= 1).
+        overhead_s: the backend's cost per chunk, seconds.
+        remaining: items still to send, or None when the input's length is
+            unknown (a generator).
+
+    Returns:
+        An int in ``[1, MAX_CHUNK_ITEMS]``.
+    """
+    target = max(TARGET_CHUNK_S, 20 * overhead_s)
+    size = target / max(per_item_s, 1e-9)
+    if remaining is not None:
+        size = min(size, remaining / (max(1, n_workers) * TAIL_CHUNKS_PER_WORKER))
+    return int(max(1, min(MAX_CHUNK_ITEMS, math.ceil(size))))
+
+
+def chunk_budget_s(per_item_s: float, size: int) -> float:
+    """Seconds after which a worker stops a chunk of ``size`` items early."""
+    return CHUNK_BUDGET_FACTOR * max(TARGET_CHUNK_S, per_item_s * size)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the rest of a map should run inline, and the figures behind it.
+
+    Attributes:
+        inline: True when a plain loop is predicted to be at least as fast.
+        serial_s: predicted seconds for the rest as a loop.
+        parallel_s: predicted seconds for the rest on the backend.
+        reason: one sentence with the measured figures.
+    """
+
+    inline: bool
+    serial_s: float
+    parallel_s: float
+    reason: str
+
+
+def inline_verdict(
+    *,
+    per_item_s: float,
+    pickle_parent_s: float,
+    pickle_worker_s: float,
+    remaining: int | None,
+    n_workers: int,
+    startup_s: float,
+    overhead_s: float,
+) -> Verdict:
+    """Predict whether parallel execution beats a loop for the rest of a map.
+
+    Pure: it reads only its arguments (all times in seconds).
+
+    Args:
+        per_item_s: measured compute per item.
+        pickle_parent_s: per item, the parent's pickling of arguments plus
+            unpickling of results (the part the parent cannot parallelise).
+        pickle_worker_s: per item, the worker's share of pickling.
+        remaining: items left, or None when unknown (then only the per-item
+            economics decide: an endless input amortises any start-up).
+        n_workers: workers available.
+        startup_s: cost to start the workers (0 when running already).
+        overhead_s: cost per chunk.
+
+    Returns:
+        A :class:`Verdict`.
+    """
+    workers = max(1, n_workers)
+    size = chunksize(per_item_s, workers, overhead_s, remaining)
+    per_item_parallel = max(
+        pickle_parent_s, (per_item_s + pickle_worker_s) / workers
+    ) + overhead_s / (size * workers)
+    figures = (
+        f"measured {per_item_s * 1e6:.1f} us per item; in parallel about "
+        f"{per_item_parallel * 1e6:.1f} us per item on {workers} workers"
+    )
+    if remaining is None:
+        inline = per_item_parallel >= per_item_s * INLINE_MARGIN
+        return Verdict(
+            inline,
+            math.inf,
+            math.inf,
+            f"{figures} (input length unknown) -> "
+            + ("a loop is faster per item" if inline else "parallel is faster per item"),
+        )
+    serial = per_item_s * remaining
+    parallel = startup_s + per_item_parallel * remaining
+    inline = parallel >= serial * INLINE_MARGIN
+    return Verdict(
+        inline,
+        serial,
+        parallel,
+        f"{figures}; for the {remaining} items left: loop {serial:.3f} s, "
+        f"parallel {parallel:.3f} s including {startup_s:.3f} s start-up -> "
+        + ("run them inline" if inline else "run them in parallel"),
+    )

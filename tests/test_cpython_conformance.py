@@ -2,9 +2,10 @@
 
 Nothing here re-implements those tests: the test mixins are imported from the
 interpreter's ``test.test_concurrent_futures`` (a package with one module per
-topic since Python 3.12, a single module before) and combined with a mixin that
-builds a :class:`~smartexec.SmartExecutor` instead of a stdlib pool, exactly as
-CPython combines them with ``ThreadPoolMixin`` and ``ProcessPool*Mixin``.
+topic in recent releases, e.g. 3.13; a single module in older ones, e.g. 3.10)
+and combined with a mixin that builds a :class:`~smartexec.SmartExecutor`
+instead of a stdlib pool, exactly as CPython combines them with
+``ThreadPoolMixin`` and ``ProcessPool*Mixin``.
 
 Each generic mixin runs under the default routing (``backend=None``) and with
 the route forced to each backend in :data:`PLAN`. A few tests of the stdlib's
@@ -43,7 +44,7 @@ _cf = pytest.importorskip(
 
 def _stdlib_tests() -> types.SimpleNamespace:
     """The stdlib test classes we use, whichever layout this Python has."""
-    if hasattr(_cf, "__path__"):  # 3.12+: a package, one module per topic
+    if hasattr(_cf, "__path__"):  # a package, one module per topic (e.g. 3.13)
 
         def module(name: str) -> types.ModuleType:
             return importlib.import_module(f"{_cf.__name__}.{name}")
@@ -62,7 +63,7 @@ def _stdlib_tests() -> types.SimpleNamespace:
             ProcessPoolExecutorTest=module("test_process_pool").ProcessPoolExecutorTest,
             sleep_and_print_module=shutdown.__name__,
         )
-    return types.SimpleNamespace(  # 3.10 / 3.11: one module
+    return types.SimpleNamespace(  # a single module (e.g. 3.10)
         ExecutorMixin=_cf.ExecutorMixin,
         BaseTestCase=_cf.BaseTestCase,
         ExecutorTest=_cf.ExecutorTest,
@@ -159,8 +160,10 @@ EXCLUDED: dict[str, str] = {
     "ThreadPoolShutdownTest.test_threads_terminate": "joins executor._threads",
     "ThreadPoolShutdownTest.test_context_manager_shutdown":
         "builds a stdlib ThreadPoolExecutor and joins its _threads",
-    "ThreadPoolShutdownTest.test_del_shutdown": "builds a stdlib ThreadPoolExecutor, reads _threads",
-    "ThreadPoolShutdownTest.test_shutdown_no_wait": "builds a stdlib ThreadPoolExecutor, reads _threads",
+    "ThreadPoolShutdownTest.test_del_shutdown":
+        "builds a stdlib ThreadPoolExecutor, reads its _threads",
+    "ThreadPoolShutdownTest.test_shutdown_no_wait":
+        "builds a stdlib ThreadPoolExecutor, reads its _threads",
     "ThreadPoolShutdownTest.test_thread_names_assigned": "thread_name_prefix and thread names",
     "ThreadPoolShutdownTest.test_thread_names_default": "ThreadPoolExecutor's default thread names",
     "ThreadPoolShutdownTest.test_cancel_futures_wait_false":
@@ -268,31 +271,35 @@ class AdaptedShutdownTests:
         self.assertEqual(proc.stderr, b"")
         self.assertEqual(proc.stdout.strip(), b"apple")
 
+    def _check_submit_after_interpreter_shutdown(self, workers_started: bool) -> None:
+        proc = self._run_child(
+            f"""
+            import atexit
+
+            @atexit.register
+            def run_last():
+                try:
+                    t.submit(id, None)
+                except RuntimeError:
+                    print("runtime-error")
+                    raise
+
+            t = SmartExecutor(5, backend=BACKEND)
+            if {workers_started!r}:
+                t.submit(id, 42).result()
+            """
+        )
+        # A RuntimeError (a subclass will do) saying "cannot schedule new futures".
+        self.assertEqual(proc.stdout.strip(), b"runtime-error", proc.stderr)
+        self.assertIn("cannot schedule new futures", proc.stderr.decode())
+
     def test_submit_after_interpreter_shutdown(self) -> None:
-        # submit() from an atexit hook raises RuntimeError (a subclass will do)
-        # saying "cannot schedule new futures", whether or not the executor had
-        # started its workers.
-        for warm in (False, True):
-            with self.subTest(workers_started=warm):
-                proc = self._run_child(
-                    f"""
-                    import atexit
+        # submit() from an atexit hook, on an executor that never started workers.
+        self._check_submit_after_interpreter_shutdown(workers_started=False)
 
-                    @atexit.register
-                    def run_last():
-                        try:
-                            t.submit(id, None)
-                        except RuntimeError:
-                            print("runtime-error")
-                            raise
-
-                    t = SmartExecutor(5, backend=BACKEND)
-                    if {warm!r}:
-                        t.submit(id, 42).result()
-                    """
-                )
-                self.assertEqual(proc.stdout.strip(), b"runtime-error", proc.stderr)
-                self.assertIn("cannot schedule new futures", proc.stderr.decode())
+    def test_submit_after_interpreter_shutdown_workers_started(self) -> None:
+        # The same once the executor's workers run (the stdlib's mp_context branch).
+        self._check_submit_after_interpreter_shutdown(workers_started=True)
 
     def test_hang_gh83386(self) -> None:
         # shutdown(wait=False) with a task running: the interpreter still exits

@@ -123,7 +123,7 @@ def test_every_route_equals_a_serial_loop():
             expected = [fn(i) for i in items]
             assert all(np.array_equal(a, b) for a, b in zip(got, expected)), ex.explain(fn)
         backends = {d.backend for d in ex.decisions()}
-    assert backends == {"fork", "loky", "thread"}
+    assert {"fork", "loky", "thread"} <= backends  # tiny maps may also run inline
 
 
 def test_unpicklable_closure_without_fork_gets_a_clear_error():

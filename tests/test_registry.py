@@ -20,7 +20,7 @@ class RecordingBackend(Backend):
     shares_memory = True
     chunks: list = []
 
-    def submit_chunk(self, fn, chunk):
+    def submit_chunk(self, fn, chunk, budget_s=None):
         RecordingBackend.chunks.append(len(chunk))
         future = Future()
         future.set_result(run_chunk(fn, chunk))

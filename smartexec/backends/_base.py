@@ -34,6 +34,10 @@ class Backend(abc.ABC):
         distributed: workers may run on other machines.
         synchronous: chunks run in the submitting thread before
             ``submit_chunk`` returns (inline).
+        worker_startup_s: seconds to start one worker, for the cost model of
+            :mod:`smartexec.tuning` (measured by benchmarks/bench_overheads.py).
+        chunk_overhead_s: seconds of dispatch per chunk (pickling, pipes,
+            wake-ups), likewise.
 
     Args:
         max_workers: how many workers to run (int >= 1), or None for the
@@ -47,6 +51,8 @@ class Backend(abc.ABC):
     copy_on_write: ClassVar[bool] = False
     distributed: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False
+    worker_startup_s: ClassVar[float] = 0.0
+    chunk_overhead_s: ClassVar[float] = 0.0
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         self.max_workers = max_workers if max_workers is not None else self.default_workers(cpu_count)
@@ -73,12 +79,17 @@ class Backend(abc.ABC):
         return fn
 
     @abc.abstractmethod
-    def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
+    def submit_chunk(
+        self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
+    ) -> Future[ChunkResult]:
         """Schedule ``fn`` over ``chunk``; return a future of its ChunkResult.
 
         Args:
             fn: what :meth:`prepare` returned.
             chunk: ``(args, kwargs)`` pairs.
+            budget_s: pass to :func:`smartexec._remote.run_chunk`: the worker
+                may stop after this many seconds and return outcomes for a
+                prefix of the chunk only; None runs the whole chunk.
 
         Returns:
             A ``concurrent.futures.Future``. Cancelling it before it runs

@@ -28,10 +28,12 @@ class InlineBackend(Backend):
     def default_workers(cls, cpu_count: int) -> int:
         return 1
 
-    def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
+    def submit_chunk(
+        self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
+    ) -> Future[ChunkResult]:
         future: Future[ChunkResult] = Future()
         future.set_running_or_notify_cancel()
-        future.set_result(run_chunk(fn, chunk))
+        future.set_result(run_chunk(fn, chunk, False, budget_s))
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

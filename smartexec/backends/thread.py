@@ -22,6 +22,9 @@ class ThreadBackend(Backend):
     name = "thread"
     shares_memory = True
     pickles_closures = True
+    #: Source: benchmarks/bench_overheads.py (2-core machine, 2026-11-29).
+    worker_startup_s = 0.0005
+    chunk_overhead_s = 20e-6
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
@@ -32,8 +35,10 @@ class ThreadBackend(Backend):
         """The stdlib's default, ``min(32, cpu_count + 4)``: room for I/O waits."""
         return min(32, cpu_count + 4)
 
-    def submit_chunk(self, fn: Any, chunk: Sequence[Call]) -> Future[ChunkResult]:
-        return self._pool.submit(run_chunk, fn, chunk)
+    def submit_chunk(
+        self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
+    ) -> Future[ChunkResult]:
+        return self._pool.submit(run_chunk, fn, chunk, False, budget_s)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)

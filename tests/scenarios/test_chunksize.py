@@ -1,51 +1,145 @@
-"""DESIGN.md problem 4: tiny items travel in chunks, not one by one."""
+"""DESIGN.md problem 4 / issue 3: chunksize from measured latency, inline fallback, streaming."""
 
 from __future__ import annotations
+
+import itertools
+import time
 
 import pytest
 
 from smartexec import SmartExecutor
 from smartexec.backends.fork import ForkBackend
-from smartexec.tuning import CHUNKS_PER_WORKER, default_chunksize
+from smartexec.tuning import MAX_CHUNK_ITEMS, PROBE_MAX_ITEMS, default_chunksize
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 
 
 def noop(x):
     return x
 
 
-def test_default_chunksize_gives_a_few_chunks_per_worker():
-    assert default_chunksize(20_000, 2) == 20_000 // (2 * CHUNKS_PER_WORKER)
-    assert default_chunksize(3, 2) == 1
-    assert default_chunksize(0, 2) == 1
-    assert default_chunksize(10_000, 4, in_process=True) == 1
+def busy(x, seconds=0.005):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return x
 
 
-def test_map_sends_few_chunks_for_many_tiny_items(monkeypatch):
+def fast_then_slow(x):
+    # items below 2000 take ~10 us, the rest ~2 ms
+    return busy(x, 0.00001 if x < 2000 else 0.002)
+
+
+@pytest.fixture
+def chunk_sizes(monkeypatch):
     sizes = []
     original = ForkBackend.submit_chunk
 
-    def spy(self, fn, chunk):
+    def spy(self, fn, chunk, budget_s=None):
         sizes.append(len(chunk))
-        return original(self, fn, chunk)
+        return original(self, fn, chunk, budget_s)
 
     monkeypatch.setattr(ForkBackend, "submit_chunk", spy)
+    return sizes
+
+
+def test_default_chunksize_before_measuring():
+    assert default_chunksize(20_000, 2) == 2_500
+    assert default_chunksize(3, 2) == 1
+    assert default_chunksize(10_000, 4, in_process=True) == 1
+    assert default_chunksize(10_000, 4, synchronous=True) == 10_000
+
+
+def test_no_op_map_falls_back_to_inline(chunk_sizes):
     with SmartExecutor(2) as ex:
         assert list(ex.map(noop, range(20_000))) == list(range(20_000))
-    assert len(sizes) == 2 * CHUNKS_PER_WORKER
-    assert sum(sizes) == 20_000
+        last = ex.decisions()[-1]
+    assert chunk_sizes == []  # nothing was sent to a worker
+    assert last.backend == "inline"
+    assert "us per item" in str(last)
 
 
-def test_explicit_chunksize_is_honoured(monkeypatch):
-    sizes = []
-    original = ForkBackend.submit_chunk
-
-    def spy(self, fn, chunk):
-        sizes.append(len(chunk))
-        return original(self, fn, chunk)
-
-    monkeypatch.setattr(ForkBackend, "submit_chunk", spy)
+def test_ten_millisecond_items_go_parallel(chunk_sizes):
     with SmartExecutor(2) as ex:
-        list(ex.map(noop, range(10), chunksize=4))
-    assert sizes == [4, 4, 2]
+        items = list(range(40))
+        assert list(ex.map(busy, items, itertools.repeat(0.01))) == items
+        last = ex.decisions()[-1]
+    assert last.backend == "fork", str(last)
+    assert chunk_sizes and sum(chunk_sizes) < 40  # the probe ran the first items
+
+
+def test_explicit_chunksize_is_honoured(chunk_sizes):
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(busy, range(10), chunksize=4)) == list(range(10))
+    assert chunk_sizes == [4, 4, 2]
+
+
+def test_forced_backend_sends_tuned_chunks(chunk_sizes):
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(noop, range(20_000))) == list(range(20_000))
+    assert sum(chunk_sizes) == 20_000
+    assert len(chunk_sizes) < 40
+
+
+def test_fast_prefix_does_not_lock_in_huge_slow_chunks(chunk_sizes):
+    with SmartExecutor(2, backend="fork") as ex:
+        items = list(range(2600))
+        assert list(ex.map(fast_then_slow, items)) == items
+    # the last chunks (slow items) are small: 20 ms of work is ~10 items
+    assert max(chunk_sizes[-5:]) <= 50, chunk_sizes
+
+
+def test_worker_stops_a_chunk_that_overruns_its_budget(chunk_sizes):
+    with SmartExecutor(2, backend="fork") as ex:
+        # measure fast items first, then send one chunk that turns slow
+        list(ex.map(fast_then_slow, range(1000)))
+        chunk_sizes.clear()
+        start = time.perf_counter()
+        assert list(ex.map(fast_then_slow, range(1500, 2400))) == list(range(1500, 2400))
+        elapsed = time.perf_counter() - start
+    # some chunk was re-sent in part (more items sent than mapped)
+    assert sum(chunk_sizes) > 900, chunk_sizes
+    assert elapsed < 10
+
+
+def test_map_over_an_endless_generator_streams():
+    with SmartExecutor(2, backend="fork") as ex:
+        start = time.perf_counter()
+        results = ex.map(noop, itertools.count())
+        first = [next(results) for _ in range(10)]
+        assert first == list(range(10))
+        assert time.perf_counter() - start < 5  # generous: the machine is shared
+        results.close()
+
+
+def test_memory_stays_flat_while_a_million_items_stream():
+    pulled = 0
+
+    def source():
+        nonlocal pulled
+        for i in itertools.count():
+            pulled = i
+            yield i
+
+    for backend in (None, "fork"):
+        ahead = 0
+        with SmartExecutor(2, backend=backend) as ex:
+            n = 1_000_000 if backend is None else 200_000
+            for consumed, value in enumerate(ex.map(noop, source())):
+                ahead = max(ahead, pulled - consumed)
+                if consumed == n:
+                    break
+        # bounded by the window (chunks in flight), never the whole input
+        assert ahead <= 6 * MAX_CHUNK_ITEMS + PROBE_MAX_ITEMS, (backend, ahead)
+        assert ahead < n / 2, (backend, ahead)
+
+
+def test_early_exit_cancels_pending_chunks(chunk_sizes):
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(busy, range(100), itertools.repeat(0.05), chunksize=1)
+        next(results)
+        results.close()
+        start = time.perf_counter()
+        ex.shutdown(wait=True)
+        assert time.perf_counter() - start < 1.0  # 99 x 50 ms were not run
+    assert len(chunk_sizes) <= 10  # only the window was ever sent

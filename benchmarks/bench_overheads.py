@@ -1,0 +1,52 @@
+"""Per-backend start-up and per-chunk costs, the constants behind smartexec.tuning.
+
+Prints, for each process and thread backend: the time to start its workers
+and run one chunk; the round trip of a one-item chunk minus the worker's
+measured compute (median and minimum of 200); and the per-chunk cost with
+many chunks in flight. These figures are the ``startup_s`` /
+``chunk_overhead_s`` class attributes of the backends.
+
+Run: ``python benchmarks/bench_overheads.py``
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from smartexec.backends.fork import ForkBackend
+from smartexec.backends.loky import LokyBackend
+from smartexec.backends.thread import ThreadBackend
+
+
+def noop(x):
+    return x
+
+
+def main() -> None:
+    for cls in (ForkBackend, LokyBackend, ThreadBackend):
+        backend = cls(2, 2)
+        start = time.perf_counter()
+        backend.submit_chunk(noop, [((1,), {})]).result()
+        startup = time.perf_counter() - start
+        trips = []
+        for _ in range(200):
+            start = time.perf_counter()
+            result = backend.submit_chunk(noop, [((1,), {})]).result()
+            trips.append(time.perf_counter() - start - result.compute_s)
+        start = time.perf_counter()
+        futures = [backend.submit_chunk(noop, [((1,), {})]) for _ in range(1000)]
+        for future in futures:
+            future.result()
+        pipelined = (time.perf_counter() - start) / 1000
+        backend.shutdown()
+        print(
+            f"{cls.name:6} start-up {startup * 1000:7.1f} ms | one-item round trip "
+            f"median {statistics.median(trips) * 1e6:6.0f} us, min {min(trips) * 1e6:6.0f} us | "
+            f"pipelined {pipelined * 1e6:6.0f} us per chunk | "
+            f"class figures: startup_s={cls.startup_s}, chunk_overhead_s={cls.chunk_overhead_s}"
+        )
+
+
+if __name__ == "__main__":
+    main()
