@@ -170,13 +170,14 @@ class ChunkStream:
             self._absorb(slot)
         return slot.outcomes
 
-    def __iter__(self) -> Iterator[tuple[bool, Any]]:
+    def chunks(self) -> Iterator[list[tuple[bool, Any]]]:
+        """Yield each chunk's outcomes, in input order; cancel the rest on exit."""
         try:
             while self._window:
                 outcomes = self._wait(self._window[0])
                 self._window.popleft()
                 self._refill()
-                yield from outcomes
+                yield outcomes
                 del outcomes
         finally:
             self.cancel()
@@ -187,3 +188,85 @@ class ChunkStream:
         for slot in self._window:
             slot.future.cancel()
         self._window.clear()
+
+
+#: Below this many seconds per item, batches run through ``itertools.starmap``
+#: (no per-item timing: the clock would cost as much as the item).
+TINY_ITEM_S = 1e-6
+#: Items per starmap batch between two looks at the clock.
+TINY_BATCH = 1024
+
+
+class InlineRun:
+    """Runs a map's items in the calling thread in time-bounded batches.
+
+    Each batch lasts about ``seconds`` and updates ``estimate``, so the
+    caller can re-decide between batches whether to keep going inline or to
+    hand the rest to workers. The first batch (``per_item_s`` unknown) grows
+    from one item, doubling, so a slow first item is not run many times over.
+
+    Args:
+        fn: the callable.
+        inputs: the items, consumed lazily: argument tuples when ``star``,
+            else single arguments (a one-iterable map skips building tuples).
+        estimate: the callable's per-item estimate, updated after each batch.
+        star: whether each input is a tuple of arguments.
+
+    Attributes:
+        exhausted: True once ``inputs`` ran out.
+        error: the first exception an item raised (the run stops there, as a
+            loop would), or None.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], inputs: Iterator[Any], estimate: Estimate, star: bool
+    ):
+        self.fn = fn
+        self.inputs = inputs
+        self.star = star
+        self.estimate = estimate
+        self.exhausted = False
+        self.error: BaseException | None = None
+        self.items = 0
+        self.elapsed_s = 0.0
+
+    def batch(self, seconds: float, max_items: int) -> list[Any]:
+        """Run items for about ``seconds`` (at most ``max_items``); return results."""
+        results: list[Any] = []
+        fn, inputs = self.fn, self.inputs
+        apply = itertools.starmap if self.star else map
+        per_item = self.estimate.per_item_s
+        start = time.perf_counter()
+        if per_item is None or per_item < TINY_ITEM_S:
+            size = 1 if per_item is None else TINY_BATCH
+            while True:
+                before = len(results)
+                try:
+                    results.extend(apply(fn, itertools.islice(inputs, size)))
+                except Exception as exc:  # KeyboardInterrupt and SystemExit propagate
+                    self.error = exc
+                    break
+                if len(results) - before < size:
+                    self.exhausted = True
+                    break
+                if time.perf_counter() - start >= seconds or len(results) >= max_items:
+                    break
+                size = min(2 * size, TINY_BATCH * 8, max_items - len(results))
+        else:
+            deadline = start + seconds
+            append = results.append
+            for item in inputs:
+                try:
+                    append(fn(*item) if self.star else fn(item))
+                except Exception as exc:
+                    self.error = exc
+                    break
+                if time.perf_counter() >= deadline or len(results) >= max_items:
+                    break
+            else:
+                self.exhausted = True
+        elapsed = time.perf_counter() - start
+        self.estimate.observe(len(results) + (self.error is not None), elapsed)
+        self.items += len(results)
+        self.elapsed_s += elapsed
+        return results

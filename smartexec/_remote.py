@@ -14,8 +14,11 @@ traceback text.
 
 from __future__ import annotations
 
+import io
 import math
+import sys
 import time
+import types
 import traceback
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -32,9 +35,37 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 PROTOCOL = 5
 
 
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, but a method bound to an importable class goes by reference.
+
+    cloudpickle sends ``SomeClass.a_classmethod`` by value, which loses the
+    source file name in worker tracebacks; ``getattr(SomeClass, name)`` is
+    what plain pickle would send.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.MethodType and isinstance(obj.__self__, type):
+            owner, name = obj.__self__, obj.__func__.__name__
+            if _importable(owner) and getattr(owner, name, None) == obj:
+                return getattr, (owner, name)
+        return super().reducer_override(obj)
+
+
+def _importable(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    if module is None or cls.__module__ == "__main__":
+        return False
+    target: Any = module
+    for part in cls.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is cls
+
+
 def dumps(obj: Any) -> bytes:
-    """Pickle ``obj`` with cloudpickle at protocol 5."""
-    return cloudpickle.dumps(obj, protocol=PROTOCOL)
+    """Pickle ``obj`` with cloudpickle at protocol 5 (classmethods by reference)."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def loads(data: bytes) -> Any:

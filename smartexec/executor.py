@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from ._diagnose import is_pickling_failure, pickling_error
 from ._identity import WeakCallable, identity_key
-from ._mapping import ChunkStream, default_buffersize
+from ._mapping import ChunkStream, InlineRun, default_buffersize
 from ._remote import Call, ChunkResult, dumps
 from ._system import current_platform
 from .backends._base import Backend
@@ -25,7 +25,7 @@ from .errors import BackendUnavailableError
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .registry import get_backend_class
-from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, inline_verdict
+from .tuning import MAX_CHUNK_ITEMS, PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
 __all__ = ["SmartExecutor"]
 
@@ -255,7 +255,6 @@ class SmartExecutor(Executor):
         if backend.synchronous:
             return _lazy_inline(fn, inputs)
 
-        prefix: list[Any] = []
         # Callables shared by copy-on-write never run here: their writes to
         # their own state must stay in the workers, for every item alike.
         auto = (
@@ -264,35 +263,88 @@ class SmartExecutor(Executor):
             and timeout is None
             and not decision.share
         )
-        if auto:
-            if estimate.per_item_s is None:
-                inputs, probe = _probe(fn, inputs, estimate, pickled=not backend.shares_memory)
-                prefix = probe.results
-                if probe.error is not None:
-                    return _then_raise(prefix, probe.error)
-                if probe.exhausted:
-                    self._note(decision, "inline", None, (
-                        f"the whole input ({len(prefix)} items) ran in this thread while "
-                        f"measuring it: {probe.elapsed_s * 1000:.1f} ms, "
-                        f"{probe.elapsed_s / max(len(prefix), 1) * 1e6:.2f} us per item",
-                    ))
-                    return iter(prefix)
-                if remaining is not None:
-                    remaining -= len(prefix)
-            verdict = inline_verdict(
+
+        def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
+            return self._open_stream(
+                fn, decision, estimate, backend, rest, left, chunksize, buffersize, end_time
+            )
+
+        if not auto:
+            return _stream_values([], open_stream(inputs, remaining))
+
+        pickled = not backend.shares_memory
+        star = len(iterables) != 1
+        items: Iterator[Any] = inputs if star else iter(iterables[0])
+        head: list[Any] = []
+        if pickled and not star and isinstance(iterables[0], (list, tuple, range)):
+            head = [(x,) for x in iterables[0][:_PICKLE_SAMPLE]]  # a sample, not consumed
+        elif pickled:
+            head = list(itertools.islice(items, _PICKLE_SAMPLE))
+            items = itertools.chain(head, items)
+            head = head if star else [(x,) for x in head]
+        run = InlineRun(fn, items, estimate, star)
+        prefix: list[Any] = []
+        if estimate.per_item_s is None:
+            prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
+            if pickled and prefix and run.error is None:
+                _measure_pickling(estimate, head[: len(prefix)], prefix[:_PICKLE_SAMPLE])
+
+        def rest() -> Iterator[tuple[Any, ...]]:
+            return run.inputs if star else zip(run.inputs)
+        del head
+
+        def left() -> int | None:
+            return None if remaining is None else remaining - run.items
+
+        def verdict() -> Verdict:
+            return inline_verdict(
                 per_item_s=estimate.per_item_s or 0.0,
                 pickle_parent_s=estimate.pickle_parent_s,
                 pickle_worker_s=estimate.pickle_parent_s,
-                remaining=remaining,
+                remaining=left(),
                 n_workers=backend.max_workers,
-                startup_s=0.0 if started else backend.worker_startup_s * backend.max_workers,
+                startup_s=(
+                    0.0
+                    if backend.name in self._started
+                    else backend.worker_startup_s * backend.max_workers
+                ),
                 overhead_s=backend.chunk_overhead_s,
             )
-            if verdict.inline:
-                self._note(decision, "inline", None, (verdict.reason,))
-                return _inline_rest(fn, prefix, inputs, eager=remaining is not None)
-            self._note(decision, decision.backend, None, (verdict.reason,))
 
+        if run.error is not None:
+            return _then_raise(prefix, run.error)
+        if run.exhausted:
+            self._note(decision, "inline", (
+                f"the whole input ({run.items} items) ran in this thread while measuring "
+                f"it: {run.elapsed_s * 1000:.1f} ms, "
+                f"{run.elapsed_s / max(run.items, 1) * 1e6:.2f} us per item",
+            ))
+            return _drain(prefix)
+        first = verdict()
+        if not first.inline:
+            self._note(decision, decision.backend, (first.reason,))
+            return _stream_values(prefix, open_stream(rest(), left()))
+        self._note(decision, "inline", (first.reason,))
+
+        def switch(reason: str) -> ChunkStream:
+            self._note(decision, decision.backend, (f"after {run.items} items inline: {reason}",))
+            return open_stream(rest(), left())
+
+        return itertools.chain.from_iterable(_inline_batches(prefix, run, left, verdict, switch))
+
+    def _open_stream(
+        self,
+        fn: Callable[..., Any],
+        decision: Decision,
+        estimate: Estimate,
+        backend: Backend,
+        inputs: Iterator[tuple[Any, ...]],
+        remaining: int | None,
+        chunksize: int | None,
+        buffersize: int | None,
+        end_time: float | None,
+    ) -> ChunkStream:
+        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now."""
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -307,7 +359,7 @@ class SmartExecutor(Executor):
                     return pickling_error(fn, calls, exc, backend.name)
                 return exc
 
-            stream = ChunkStream(
+            return ChunkStream(
                 send=send,
                 calls=((args, {}) for args in inputs),
                 remaining=remaining,
@@ -319,7 +371,6 @@ class SmartExecutor(Executor):
                 end_time=end_time,
                 on_chunk_error=explain_error,
             )
-        return _stream_values(prefix, stream)
 
     map.__doc__ = (Executor.map.__doc__ or "") + """
         smartexec adds:
@@ -343,15 +394,13 @@ class SmartExecutor(Executor):
           iterator early cancels every chunk not yet started.
         """
 
-    def _note(
-        self, decision: Decision, backend: str, size: int | None, reasons: tuple[str, ...]
-    ) -> None:
+    def _note(self, decision: Decision, backend: str, reasons: tuple[str, ...]) -> None:
+        """Log what a map did, with its measured figures, before the policy's reasons."""
         self._log.append(
             Decision(
                 backend,
                 (*reasons, *decision.reasons),
                 share=decision.share and backend == decision.backend,
-                chunksize=size,
                 profile=decision.profile,
             )
         )
@@ -385,66 +434,37 @@ def _common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
     return min(lengths) if lengths else 0
 
 
-class _Probe:
-    __slots__ = ("results", "error", "exhausted", "elapsed_s")
-
-    def __init__(self) -> None:
-        self.results: list[Any] = []
-        self.error: BaseException | None = None
-        self.exhausted = False
-        self.elapsed_s = 0.0
-
-
 #: Arguments and results pickled to measure the parent's per-item pickling cost.
 _PICKLE_SAMPLE = 64
 
 
-def _probe(
-    fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]], estimate: Estimate, *, pickled: bool
-) -> tuple[Iterator[tuple[Any, ...]], _Probe]:
-    """Run the first items in this thread for about ``PROBE_S``; measure them.
+def _measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
+    """Time pickling a sample of arguments and results; store the per-item cost."""
+    if not results:
+        return
+    begin = time.perf_counter()
+    try:
+        dumps((args, results))
+    except Exception:
+        return  # sending will raise a clear error later
+    # dumps here and loads on the other side: about twice the dumps time
+    estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(results)
 
-    Items run in batches of doubling size through ``itertools.starmap`` so
-    that measuring costs almost nothing per item. Returns the (partly
-    consumed) input and what ran: results in order, the first exception (the
-    probe stops there, as a loop would), whether the input ran out.
+
+def _drain(results: list[Any]) -> Iterator[Any]:
+    """Iterate ``results`` in order, dropping each one as it is handed out.
+
+    A list iterator would keep every result alive until the end (CPython's
+    test_free_reference checks that a result dies once the caller drops it).
+    Popping from the reversed list through ``starmap`` does it at C speed.
     """
-    probe = _Probe()
-    head = list(itertools.islice(inputs, _PICKLE_SAMPLE)) if pickled else []
-    inputs = itertools.chain(head, inputs)
-    results = probe.results
-    batch = 1
-    start = time.perf_counter()
-    while True:
-        before = len(results)
-        try:
-            results.extend(itertools.starmap(fn, itertools.islice(inputs, batch)))
-        except Exception as exc:
-            probe.error = exc
-            break
-        if len(results) - before < batch:
-            probe.exhausted = True
-            break
-        if time.perf_counter() - start >= PROBE_S or len(results) >= PROBE_MAX_ITEMS:
-            break
-        batch = min(2 * batch, PROBE_MAX_ITEMS - len(results))
-    probe.elapsed_s = time.perf_counter() - start
-    estimate.observe(len(results), probe.elapsed_s)
-    if pickled and results and probe.error is None:
-        sample = (head[: len(results)], results[:_PICKLE_SAMPLE])
-        begin = time.perf_counter()
-        try:
-            dumps(sample)
-        except Exception:
-            pass  # sending will raise a clear error later
-        else:
-            # dumps here, loads on the other side: about twice the dumps time
-            estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(sample[1])
-    return inputs, probe
+    results.reverse()
+    return itertools.starmap(results.pop, itertools.repeat((), len(results)))
 
 
 def _then_raise(results: list[Any], error: BaseException) -> Iterator[Any]:
-    yield from results
+    """Yield ``results``, then raise ``error`` (an item's, at its position)."""
+    yield from _drain(results)
     raise error
 
 
@@ -452,27 +472,64 @@ def _lazy_inline(fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]]) -> I
     yield from itertools.starmap(fn, inputs)
 
 
-def _inline_rest(
-    fn: Callable[..., Any], prefix: list[Any], inputs: Iterator[tuple[Any, ...]], *, eager: bool
-) -> Iterator[Any]:
-    """Run the rest of a map in this thread: eagerly for a sized input, else lazily."""
-    if not eager:
-        return itertools.chain(prefix, _lazy_inline(fn, inputs))
-    try:
-        prefix.extend(itertools.starmap(fn, inputs))  # keeps the items done before an error
-    except Exception as exc:
-        return _then_raise(prefix, exc)
-    return iter(prefix)
+def _inline_batches(
+    prefix: list[Any],
+    run: InlineRun,
+    left: Callable[[], int | None],
+    verdict: Callable[[], Verdict],
+    switch: Callable[[str], ChunkStream],
+) -> Iterator[Iterator[Any]]:
+    """Yield lazy batches of inline results, re-deciding between batches.
+
+    Each batch is a C-level ``map`` over the next items, sized to last about
+    ``PROBE_S``: the caller pulls results straight through it, with no
+    per-item Python code, and an item's exception surfaces at its position.
+    Between two batches the estimate is updated from the time the last batch
+    took (the caller's own per-item work included) and the verdict re-checked;
+    when items got slow enough, the rest goes to the workers (``switch``).
+    """
+    yield _drain(prefix)
+    apply = itertools.starmap if run.star else map
+    inputs, estimate = run.inputs, run.estimate
+    size = 0
+    start = time.perf_counter()
+    while True:
+        if size:
+            estimate.observe(size, time.perf_counter() - start)
+            run.items += size
+            now = verdict()
+            if not now.inline:
+                yield _stream_values([], switch(now.reason))
+                return
+        per_item = estimate.per_item_s or PROBE_S
+        size = max(1, min(MAX_CHUNK_ITEMS, int(PROBE_S / max(per_item, 1e-9))))
+        known = left()
+        if known is not None:  # a sized input: no need to peek for its end
+            if known <= 0:
+                return
+            size = min(size, known)
+            batch: Iterator[Any] = itertools.islice(inputs, size)
+        else:
+            first = next(inputs, _END)
+            if first is _END:
+                return
+            batch = itertools.chain((first,), itertools.islice(inputs, size - 1))
+        start = time.perf_counter()
+        yield apply(run.fn, batch)
+
+
+_END = object()
 
 
 def _stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
     """Yield the probe's results, then each streamed outcome; raise at its position."""
     try:
-        yield from prefix
-        del prefix[:]
-        for ok, value in stream:
-            if not ok:
-                raise value
-            yield value
+        yield from _drain(prefix)
+        for outcomes in stream.chunks():
+            outcomes.reverse()
+            while outcomes:
+                if not outcomes[-1][0]:
+                    raise outcomes.pop()[1]
+                yield outcomes.pop()[1]
     finally:
         stream.cancel()

@@ -171,6 +171,10 @@ class _CountingSink:
         if self.nbytes > self.cap:
             raise _CapReached
 
+    def count_buffer(self, buffer: pickle.PickleBuffer) -> None:
+        self.add(memoryview(buffer).nbytes)
+        return None  # falsy: keep the buffer out of band, never copied
+
     def write(self, data: Any) -> int:
         n = memoryview(data).nbytes
         self.add(n)
@@ -185,12 +189,10 @@ class _SizingPickler(cloudpickle.Pickler):
     """cloudpickle's pickler, counting numpy arrays by ``nbytes``."""
 
     def __init__(self, sink: _CountingSink):
-        super().__init__(sink, protocol=5, buffer_callback=self._count_buffer)
+        # The callback is the sink's method, not ours: a pickler that refers
+        # to itself would keep the sized object alive until the next GC pass.
+        super().__init__(sink, protocol=5, buffer_callback=sink.count_buffer)
         self._sink = sink
-
-    def _count_buffer(self, buffer: pickle.PickleBuffer) -> None:
-        self._sink.add(memoryview(buffer).nbytes)
-        return None  # falsy: keep the buffer out of band, never copied
 
     def reducer_override(self, obj: Any) -> Any:
         np = sys.modules.get("numpy")
@@ -216,14 +218,17 @@ def payload_size(obj: Any, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> PayloadSize
         object cannot be pickled.
     """
     sink = _CountingSink(cap_bytes)
+    pickler = _SizingPickler(sink)
     try:
-        _SizingPickler(sink).dump(obj)
+        pickler.dump(obj)
     except _CapReached:
         return PayloadSize(sink.nbytes, capped=True)
     except RecursionError:
         return PayloadSize(sink.nbytes, error="too deeply nested to pickle (RecursionError)")
     except Exception as exc:
         return PayloadSize(sink.nbytes, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        pickler.clear_memo()  # the memo holds every object it visited
     return PayloadSize(sink.nbytes)
 
 

@@ -125,7 +125,8 @@ def get_backend_class(name: str) -> Callable[..., Backend]:
         BackendUnavailableError: its module cannot be imported (an
             ``ImportError``, chained from the original, carrying the hint).
     """
-    _read_entry_points()
+    if name not in _BUILTIN:  # built-in names come first: no need to scan plugins
+        _read_entry_points()
     with _lock:
         if name in _loaded:
             return _loaded[name]

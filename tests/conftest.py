@@ -23,7 +23,7 @@ def _leftovers() -> dict[int, str]:
     }
 
 
-_OWNER = re.compile(r"loky-(\d+)-")
+_OWNER = re.compile(r"(?:loky|joblib_memmapping_folder)[-_](\d+)[-_]")
 
 
 def _shm() -> set[str]:

@@ -198,8 +198,11 @@ class _ForkPool:
             self._closing = True
             cancelled = []
             if cancel_futures:
-                cancelled = list(self._queue)
-                self._queue.clear()
+                # Tasks an idle worker is about to take are as good as started
+                # (the stdlib keeps max_workers + 1 queued): cancel the rest.
+                idle = sum(1 for w in self._workers if w.task is None)
+                while len(self._queue) > idle:
+                    cancelled.append(self._queue.pop())
         for task in cancelled:
             task.future.cancel()
         self._wake()
