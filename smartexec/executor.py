@@ -8,6 +8,7 @@ cached per callable (weakly: the cache never keeps a callable alive).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
@@ -30,6 +31,25 @@ from .tuning import MAX_CHUNK_ITEMS, PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict
 __all__ = ["SmartExecutor"]
 
 T = TypeVar("T")
+
+_interpreter_exiting = False
+
+
+def _mark_interpreter_exit() -> None:
+    global _interpreter_exiting
+    _interpreter_exiting = True
+
+
+# Runs before atexit handlers, as concurrent.futures' own hook does: from then
+# on nothing may start workers (their exit hooks could no longer run).
+getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
+
+
+def _check_open(executor: "SmartExecutor") -> None:
+    if executor._shutdown:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+    if _interpreter_exiting:
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
 
 class _CallFuture(Future):  # type: ignore[type-arg]
@@ -213,8 +233,7 @@ class SmartExecutor(Executor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+            _check_open(self)
             decision, _ = self._route(fn)
             backend = self._backend(decision.backend)
             target = backend.prepare(fn, decision.share)
@@ -247,8 +266,7 @@ class SmartExecutor(Executor):
         remaining = _common_length(iterables)
         inputs = zip(*iterables)
         with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+            _check_open(self)
             decision, estimate = self._route(fn)
             backend = self._backend(decision.backend)
             started = backend.name in self._started
@@ -346,8 +364,7 @@ class SmartExecutor(Executor):
     ) -> ChunkStream:
         """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now."""
         with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+            _check_open(self)
             target = backend.prepare(fn, decision.share)
             self._started.add(backend.name)
 

@@ -211,3 +211,26 @@ def test_repr_says_what_started():
     with SmartExecutor(backend="inline") as ex:
         ex.submit(square, 1)
         assert "inline" in repr(ex)
+
+
+def test_submit_during_interpreter_exit_is_refused():
+    from ._children import run_python
+
+    result = run_python(
+        """
+        import atexit
+        from smartexec import SmartExecutor
+        ex = SmartExecutor(2)
+
+        def late():
+            try:
+                ex.submit(abs, -1)
+            except RuntimeError as exc:
+                print(exc)
+
+        atexit.register(late)
+        """,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cannot schedule new futures after interpreter shutdown"
