@@ -340,13 +340,15 @@ class SmartExecutor(Executor):
             return _drain(prefix)
         first = verdict()
         if not first.inline:
-            self._note(decision, decision.backend, (first.reason,))
-            return _stream_values(prefix, open_stream(rest(), left()))
+            stream = open_stream(rest(), left())
+            self._note(decision, decision.backend, (first.reason,), stream)
+            return _stream_values(prefix, stream)
         self._note(decision, "inline", (first.reason,))
 
         def switch(reason: str) -> ChunkStream:
-            self._note(decision, decision.backend, (f"after {run.items} items inline: {reason}",))
-            return open_stream(rest(), left())
+            stream = open_stream(rest(), left())
+            self._note(decision, decision.backend, (f"after {run.items} items inline: {reason}",), stream)
+            return stream
 
         return itertools.chain.from_iterable(_inline_batches(prefix, run, left, verdict, switch))
 
@@ -411,13 +413,21 @@ class SmartExecutor(Executor):
           iterator early cancels every chunk not yet started.
         """
 
-    def _note(self, decision: Decision, backend: str, reasons: tuple[str, ...]) -> None:
+    def _note(
+        self,
+        decision: Decision,
+        backend: str,
+        reasons: tuple[str, ...],
+        stream: ChunkStream | None = None,
+    ) -> None:
         """Log what a map did, with its measured figures, before the policy's reasons."""
+        size = stream.sizes[0] if stream is not None and stream.sizes else None
         self._log.append(
             Decision(
                 backend,
                 (*reasons, *decision.reasons),
                 share=decision.share and backend == decision.backend,
+                chunksize=size,
                 profile=decision.profile,
             )
         )

@@ -67,7 +67,9 @@ class Decision:
         reasons: short human sentences, most important first.
         share: True when the callable reaches fork workers through the
             trampoline table (copy-on-write) instead of being pickled.
-        chunksize: items per chunk for a map, or None when not fixed yet.
+        chunksize: for a map's entry in ``SmartExecutor.decisions()``, the
+            size of its first chunk (later chunks follow the measurements);
+            None for the policy's own decision and for inline runs.
         profile: the profile the decision was made from.
     """
 
