@@ -12,6 +12,10 @@ contender, serial loop included. Contenders:
   after the first workload);
 * ``SmartExecutor()`` with no chunksize (a new executor per workload).
 
+Each contender's modules are imported once before timing (a first import
+compiles modules on machines without cached bytecode); worker start-up stays
+inside every timing.
+
 Workloads (issue 3): (1) 20,000 no-op calls; (2) 30,000 ``np.mean`` over
 21-element windows; (3) 2,000 items of ~2 ms pure-Python work; (4) 2,000
 items of ~10 us then 1,000 of ~2 ms; (5) 2,000 items with lognormal
@@ -109,6 +113,17 @@ def main():
         ("(4) 2,000 x ~10 us then 1,000 x ~2 ms", w.spin, [0.00001] * 2_000 + [0.002] * 1_000, None),
         ("(5) 2,000 lognormal items, mean ~1 ms", w.spin, w.lognormal_durations(2_000), None),
     ]
+    # Warm every contender's imports once (this machine runs Python with
+    # PYTHONDONTWRITEBYTECODE, so a first import compiles the module).
+    pool_map(w.noop, [1, 2], args.workers, 1)
+    with SmartExecutor(args.workers) as ex:
+        list(ex.map(w.spin, [0.0, 0.0]))
+    try:
+        from joblib import Parallel, delayed
+
+        Parallel(n_jobs=args.workers)(delayed(w.noop)(x) for x in [1, 2])
+    except ImportError:
+        pass
     summary = []
     for name, fn, items, partial in workloads:
         summary.append((name, *run(name, fn, items, args.workers, sweep, partial)))

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from ._diagnose import is_pickling_failure, pickling_error
 from ._identity import WeakCallable, identity_key
-from ._mapping import ChunkStream, InlineRun, default_buffersize
+from ._mapping import TINY_BATCH, TINY_ITEM_S, ChunkStream, InlineRun, default_buffersize
 from ._remote import Call, ChunkResult, dumps
 from ._system import current_platform
 from .backends._base import Backend
@@ -508,10 +508,12 @@ def _inline_batches(
 ) -> Iterator[Iterator[Any]]:
     """Yield lazy batches of inline results, re-deciding between batches.
 
-    Each batch is a C-level ``map`` over the next items, sized to last about
-    ``PROBE_S``: the caller pulls results straight through it, with no
-    per-item Python code, and an item's exception surfaces at its position.
-    Between two batches the estimate is updated from the time the last batch
+    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches of
+    ``TINY_BATCH`` items: the caller pulls results straight through them, with
+    no per-item Python code. Slower items go one by one with a look at the
+    clock after each, so a batch never runs much past ``PROBE_S`` however
+    slow its items turn. Either way an item's exception surfaces at its
+    position. Between batches the estimate is updated from the time the batch
     took (the caller's own per-item work included) and the verdict re-checked;
     when items got slow enough, the rest goes to the workers (``switch``).
     """
@@ -528,21 +530,43 @@ def _inline_batches(
             if not now.inline:
                 yield _stream_values([], switch(now.reason))
                 return
-        per_item = estimate.per_item_s or PROBE_S
-        size = max(1, min(MAX_CHUNK_ITEMS, int(PROBE_S / max(per_item, 1e-9))))
         known = left()
-        if known is not None:  # a sized input: no need to peek for its end
-            if known <= 0:
+        if known is not None and known <= 0:
+            return
+        start = time.perf_counter()
+        if (estimate.per_item_s or PROBE_S) >= TINY_ITEM_S:
+            timed = _timed_items(run, PROBE_S)
+            yield timed
+            size = timed.count
+            if size == 0:
                 return
-            size = min(size, known)
+            continue
+        size = TINY_BATCH if known is None else min(TINY_BATCH, known)
+        if known is not None:  # a sized input: no need to peek for its end
             batch: Iterator[Any] = itertools.islice(inputs, size)
         else:
             first = next(inputs, _END)
             if first is _END:
                 return
             batch = itertools.chain((first,), itertools.islice(inputs, size - 1))
-        start = time.perf_counter()
         yield apply(run.fn, batch)
+
+
+class _timed_items:
+    """Run items one by one until ``seconds`` have passed; count them."""
+
+    def __init__(self, run: InlineRun, seconds: float):
+        self._run = run
+        self._deadline = time.perf_counter() + seconds
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        fn, star = self._run.fn, self._run.star
+        for item in self._run.inputs:
+            self.count += 1
+            yield fn(*item) if star else fn(item)
+            if time.perf_counter() >= self._deadline:
+                return
 
 
 _END = object()
