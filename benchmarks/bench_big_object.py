@@ -27,8 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from smartexec import SmartExecutor
-from smartexec import demo
+from smartexec import SmartExecutor, demo
 
 _OBJECT = None  # the hand-written trampoline's global
 
@@ -111,18 +110,30 @@ def main() -> None:
     args = parser.parse_args()
 
     ratio1 = compare(
-        "100 MB object read by 32 tasks", Holder(100_000_000), "read", list(range(32)),
-        args.workers, args.rounds, pickling_items=4,
+        "100 MB object read by 32 tasks",
+        Holder(100_000_000),
+        "read",
+        list(range(32)),
+        args.workers,
+        args.rounds,
+        pickling_items=4,
     )
     paths = [p for p in demo.list_files(demo.default_root()) if p.endswith(".py")]
     demo.warm_page_cache(paths)
     index = demo.NgramIndex(paths)
     ratio2 = compare(
-        "demo index: NgramIndex.rarity over the stdlib .py files", index, "rarity", paths,
-        args.workers, args.rounds, pickling_items=2,
+        "demo index: NgramIndex.rarity over the stdlib .py files",
+        index,
+        "rarity",
+        paths,
+        args.workers,
+        args.rounds,
+        pickling_items=2,
     )
-    print(f"\nSmartExecutor / hand-written fork + wrapper: {ratio1:.2f}x (100 MB x 32), "
-          f"{ratio2:.2f}x (demo index)")
+    print(
+        f"\nSmartExecutor / hand-written fork + wrapper: {ratio1:.2f}x (100 MB x 32), "
+        f"{ratio2:.2f}x (demo index)"
+    )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
     rows.append((label, t))
     best = None
     for size in sweep:
-        t, got = timed(lambda: pool_map(fn, items, workers, size))
+        t, got = timed(lambda size=size: pool_map(fn, items, workers, size))
         assert got == expected
         if best is None or t < best[1]:
             best = (size, t)
@@ -95,7 +95,9 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
     serial = rows[0][1]
     print(f"\n## {name}: {len(items)} items, {workers} workers")
     for label, t in rows:
-        print(f"   {label:44} {t:8.3f} s   x{t / best_other:6.2f} of best   x{t / serial:6.2f} of serial")
+        print(
+            f"   {label:44} {t:8.3f} s   x{t / best_other:6.2f} of best   x{t / serial:6.2f} of serial"
+        )
     print(f"   SmartExecutor route: {decision.backend}; {decision.reasons[0]}")
     return t / best_other, t / serial
 
@@ -110,7 +112,12 @@ def main():
         ("(1) 20,000 no-op calls", w.noop, list(range(20_000)), 2_000),
         ("(2) 30,000 np.mean of 21-element windows", w.window_mean, w.windows(30_000), 2_000),
         ("(3) 2,000 items of ~2 ms pure Python", w.spin, [0.002] * 2_000, None),
-        ("(4) 2,000 x ~10 us then 1,000 x ~2 ms", w.spin, [0.00001] * 2_000 + [0.002] * 1_000, None),
+        (
+            "(4) 2,000 x ~10 us then 1,000 x ~2 ms",
+            w.spin,
+            [0.00001] * 2_000 + [0.002] * 1_000,
+            None,
+        ),
         ("(5) 2,000 lognormal items, mean ~1 ms", w.spin, w.lognormal_durations(2_000), None),
     ]
     # Warm every contender's imports once (this machine runs Python with

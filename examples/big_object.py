@@ -62,11 +62,17 @@ class PriceTable:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true",
-                        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
-                        help="a ~50 MB object and fewer items (finishes in a few seconds)")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip timing concurrent.futures.ProcessPoolExecutor")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
+        help="a ~50 MB object and fewer items (finishes in a few seconds)",
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip timing concurrent.futures.ProcessPoolExecutor",
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     args = parser.parse_args(argv)
 
@@ -76,8 +82,10 @@ def main(argv: list[str] | None = None) -> None:
 
     table = PriceTable(n_bytes)
     items = range(n_items)
-    print(f"PriceTable holds {table.prices.nbytes / 1e6:.0f} MB; mapping "
-          f"table.window_mean over {n_items:,} items with {args.workers} workers\n")
+    print(
+        f"PriceTable holds {table.prices.nbytes / 1e6:.0f} MB; mapping "
+        f"table.window_mean over {n_items:,} items with {args.workers} workers\n"
+    )
 
     start = time.perf_counter()
     expected = [table.window_mean(i) for i in items]
@@ -96,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     assert results == expected, "SmartExecutor results differ from the serial loop"
     assert PriceTable.pickled == 0, f"the table was pickled {PriceTable.pickled} times"
     smart_per_item = smart_s / n_items
-    print(f"SmartExecutor.map:    {smart_s:7.3f} s  ({n_items / smart_s:,.0f} items/s, "
-          f"worker start included); the table was pickled {PriceTable.pickled} times")
+    print(
+        f"SmartExecutor.map:    {smart_s:7.3f} s  ({n_items / smart_s:,.0f} items/s, "
+        f"worker start included); the table was pickled {PriceTable.pickled} times"
+    )
     print(f"                      {serial_s / smart_s:7.2f}x the speed of the serial loop")
 
     if not args.no_baseline:
@@ -110,12 +120,16 @@ def main(argv: list[str] | None = None) -> None:
             ppe_s = time.perf_counter() - start
         assert baseline == expected[:n_baseline]
         ppe_per_item = ppe_s / n_baseline
-        print(f"ProcessPoolExecutor:  {ppe_s:7.3f} s  for only {n_baseline} items "
-              f"({ppe_per_item * 1e3:,.0f} ms per item); the table was pickled "
-              f"{PriceTable.pickled} times")
-        print(f"\nper item, ProcessPoolExecutor is {ppe_per_item / smart_per_item:,.0f}x slower "
-              f"than SmartExecutor; at that rate {n_items:,} items would take "
-              f"{ppe_per_item * n_items / 60:,.1f} minutes")
+        print(
+            f"ProcessPoolExecutor:  {ppe_s:7.3f} s  for only {n_baseline} items "
+            f"({ppe_per_item * 1e3:,.0f} ms per item); the table was pickled "
+            f"{PriceTable.pickled} times"
+        )
+        print(
+            f"\nper item, ProcessPoolExecutor is {ppe_per_item / smart_per_item:,.0f}x slower "
+            f"than SmartExecutor; at that rate {n_items:,} items would take "
+            f"{ppe_per_item * n_items / 60:,.1f} minutes"
+        )
 
     print("\nresults equal the serial loop: OK")
 

@@ -23,7 +23,7 @@ import concurrent.futures
 import os
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from smartexec import SmartExecutor
 
@@ -48,9 +48,12 @@ def make_scorer(weights: dict[str, int], n_words: int) -> Callable[[int], int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true",
-                        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
-                        help="fewer items (finishes in a second or two)")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
+        help="fewer items (finishes in a second or two)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     args = parser.parse_args(argv)
 
@@ -59,8 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     score = make_scorer({"error": 5, "warning": 2, "timeout": 3, "retry": 1}, n_words)
     per_word = lambda seed: score(seed) / n_words  # noqa: E731 - the point is a lambda
 
-    print(f"mapping a closure and a lambda over {len(seeds):,} simulated logs "
-          f"of {n_words:,} words each\n")
+    print(
+        f"mapping a closure and a lambda over {len(seeds):,} simulated logs "
+        f"of {n_words:,} words each\n"
+    )
 
     # 1. The standard library cannot send either of them.
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
@@ -68,8 +73,10 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 list(pool.map(fn, seeds[:10]))
             except Exception as exc:  # AttributeError or PicklingError, by Python version
-                print(f"ProcessPoolExecutor.map({fn.__qualname__}) failed:\n"
-                      f"  {type(exc).__name__}: {exc}\n")
+                print(
+                    f"ProcessPoolExecutor.map({fn.__qualname__}) failed:\n"
+                    f"  {type(exc).__name__}: {exc}\n"
+                )
             else:  # pragma: no cover - a start method that pickles by value
                 print(f"ProcessPoolExecutor.map({fn.__qualname__}) worked here\n")
 
@@ -87,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
             results = list(ex.map(fn, seeds))
             smart_s = time.perf_counter() - start
             assert results == expected, f"{fn.__qualname__}: results differ from the serial loop"
-            print(f"  serial loop {serial_s:.2f} s | SmartExecutor.map {smart_s:.2f} s "
-                  f"({serial_s / smart_s:.2f}x the serial speed) | results equal: OK\n")
+            print(
+                f"  serial loop {serial_s:.2f} s | SmartExecutor.map {smart_s:.2f} s "
+                f"({serial_s / smart_s:.2f}x the serial speed) | results equal: OK\n"
+            )
         print("(the first map also paid for starting the loky workers)")
 
 

@@ -26,7 +26,7 @@ import argparse
 import concurrent.futures
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from smartexec import SmartExecutor
 
@@ -36,8 +36,9 @@ def tiny(x: int) -> int:
     return (x * x + 7) % 1_000_003
 
 
-def _timed(label: str, run: Callable[[], list], n_items: int,
-           serial_s: float | None = None) -> tuple[float, list]:
+def _timed(
+    label: str, run: Callable[[], list], n_items: int, serial_s: float | None = None
+) -> tuple[float, list]:
     """Run ``run()``, print how long it took; return (seconds, its results)."""
     start = time.perf_counter()
     results = run()
@@ -50,9 +51,12 @@ def _timed(label: str, run: Callable[[], list], n_items: int,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true",
-                        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
-                        help="fewer calls (finishes in a second or two)")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        default=bool(os.environ.get("SMARTEXEC_EXAMPLES_SMALL")),
+        help="fewer calls (finishes in a second or two)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     args = parser.parse_args(argv)
 
@@ -66,28 +70,49 @@ def main(argv: list[str] | None = None) -> None:
 
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
         pool.submit(abs, 0).result()  # start the workers outside the timing
-        slow_s, _ = _timed(f"ProcessPoolExecutor, chunksize=1, {n_slow:,} items",
-                           lambda: list(pool.map(tiny, items[:n_slow])), n_slow)
-        print(f"{'':48} -> all {n_items:,} items would take "
-              f"{slow_s / n_slow * n_items / serial_s:,.0f}x the serial time")
+        slow_s, _ = _timed(
+            f"ProcessPoolExecutor, chunksize=1, {n_slow:,} items",
+            lambda: list(pool.map(tiny, items[:n_slow])),
+            n_slow,
+        )
+        print(
+            f"{'':48} -> all {n_items:,} items would take "
+            f"{slow_s / n_slow * n_items / serial_s:,.0f}x the serial time"
+        )
         hand = max(1, n_items // (4 * args.workers))
-        _timed(f"ProcessPoolExecutor, chunksize={hand:,} (by hand)",
-               lambda: list(pool.map(tiny, items, chunksize=hand)), n_items, serial_s)
+        _timed(
+            f"ProcessPoolExecutor, chunksize={hand:,} (by hand)",
+            lambda: list(pool.map(tiny, items, chunksize=hand)),
+            n_items,
+            serial_s,
+        )
 
     with SmartExecutor(args.workers) as ex:
         print("\nex.explain(tiny):")
         print("  " + str(ex.explain(tiny)).replace("\n", "\n  ") + "\n")
-        cold_s, results = _timed("SmartExecutor.map, no chunksize given (cold)",
-                                 lambda: list(ex.map(tiny, items)), n_items, serial_s)
+        cold_s, results = _timed(
+            "SmartExecutor.map, no chunksize given (cold)",
+            lambda: list(ex.map(tiny, items)),
+            n_items,
+            serial_s,
+        )
         assert results == expected, "SmartExecutor results differ from the serial loop"
-        warm_s, results = _timed("SmartExecutor.map, same executor again (warm)",
-                                 lambda: list(ex.map(tiny, items)), n_items, serial_s)
+        warm_s, results = _timed(
+            "SmartExecutor.map, same executor again (warm)",
+            lambda: list(ex.map(tiny, items)),
+            n_items,
+            serial_s,
+        )
         assert results == expected
         print(f"{'':48} (starting the workers took about {cold_s - warm_s:.2f} s of the cold run)")
 
     with SmartExecutor(backend="inline") as ex:
-        _, results = _timed('SmartExecutor(backend="inline").map',
-                            lambda: list(ex.map(tiny, items)), n_items, serial_s)
+        _, results = _timed(
+            'SmartExecutor(backend="inline").map',
+            lambda: list(ex.map(tiny, items)),
+            n_items,
+            serial_s,
+        )
         assert results == expected
 
     print("\nresults equal the serial loop: OK")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ._remote import Call
 from .errors import PayloadPicklingError
@@ -61,7 +62,9 @@ def pickling_error(
                     break
             else:
                 for key, arg in kwargs.items():
-                    found = locate_unpicklable(arg, f"keyword argument {key!r} of the call to {name}")
+                    found = locate_unpicklable(
+                        arg, f"keyword argument {key!r} of the call to {name}"
+                    )
                     if found is not None:
                         break
             if found is not None:

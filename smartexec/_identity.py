@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 __all__ = ["identity_key", "WeakCallable"]
 
@@ -62,9 +63,7 @@ class WeakCallable:
                 except TypeError:
                     pass
                 else:
-                    self._get = lambda: (
-                        None if (o := owner_ref()) is None else getattr(o, name)
-                    )
+                    self._get = lambda: None if (o := owner_ref()) is None else getattr(o, name)
                     return
         try:
             self._get = weakref.ref(fn, callback)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import collections
 import itertools
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ._remote import Call, ChunkResult
 from .tuning import Estimate, chunk_budget_s, chunksize, default_chunksize
@@ -153,7 +154,12 @@ class ChunkStream:
     def _resend_partials(self) -> None:
         for slot in self._window:
             future = slot.future
-            if slot.calls and future.done() and not future.cancelled() and future.exception() is None:
+            if (
+                slot.calls
+                and future.done()
+                and not future.cancelled()
+                and future.exception() is None
+            ):
                 self._absorb(slot)
 
     # -- receiving ---------------------------------------------------------------

@@ -18,9 +18,10 @@ import io
 import math
 import sys
 import time
-import types
 import traceback
-from typing import Any, Callable, NamedTuple, Sequence
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import cloudpickle
 

@@ -6,8 +6,8 @@ import argparse
 import importlib
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["main"]
 
@@ -33,36 +33,57 @@ def _demo(args: argparse.Namespace) -> int:
     chosen = WORKLOADS if args.workloads == "all" else tuple(args.workloads.split(","))
     unknown = sorted(set(chosen) - set(WORKLOADS))
     if unknown:
-        print(f"error: unknown workload(s) {', '.join(unknown)}; pick from {', '.join(WORKLOADS)}",
-              file=sys.stderr)
+        print(
+            f"error: unknown workload(s) {', '.join(unknown)}; pick from {', '.join(WORKLOADS)}",
+            file=sys.stderr,
+        )
         return 2
     nbytes = demo.warm_page_cache(files)
-    print(f"smartexec demo on {root}: {len(files)} files ({format_bytes(nbytes)}), "
-          f"{len(py_files)} .py files; page cache warmed")
+    print(
+        f"smartexec demo on {root}: {len(files)} files ({format_bytes(nbytes)}), "
+        f"{len(py_files)} .py files; page cache warmed"
+    )
     results = []
     with SmartExecutor(args.workers) as executor:
         if "sha256" in chosen:
-            results.append(demo.run_workload(executor, "sha256 of every file", demo.sha256_file, files))
+            results.append(
+                demo.run_workload(executor, "sha256 of every file", demo.sha256_file, files)
+            )
             demo.print_result(results[-1])
         if "ast" in chosen:
-            results.append(demo.run_workload(executor, "ast node count of every .py file",
-                                             demo.count_ast_nodes, py_files))
+            results.append(
+                demo.run_workload(
+                    executor, "ast node count of every .py file", demo.count_ast_nodes, py_files
+                )
+            )
             demo.print_result(results[-1])
         if "grep" in chosen:
             grep = demo.make_grep(args.pattern)
-            results.append(demo.run_workload(executor, f"closure keeping .py files matching {args.pattern!r}",
-                                             grep, py_files))
+            results.append(
+                demo.run_workload(
+                    executor, f"closure keeping .py files matching {args.pattern!r}", grep, py_files
+                )
+            )
             demo.print_result(results[-1])
         if "index" in chosen:
             start = time.perf_counter()
             index = demo.NgramIndex(py_files)
-            print(f"\n(built a {format_bytes(index.counts.nbytes)} 4-gram index of the .py files "
-                  f"in {time.perf_counter() - start:.1f} s)")
-            results.append(demo.run_workload(executor, "bound method NgramIndex.rarity of the index",
-                                             index.rarity, py_files))
+            print(
+                f"\n(built a {format_bytes(index.counts.nbytes)} 4-gram index of the .py files "
+                f"in {time.perf_counter() - start:.1f} s)"
+            )
+            results.append(
+                demo.run_workload(
+                    executor, "bound method NgramIndex.rarity of the index", index.rarity, py_files
+                )
+            )
             demo.print_result(results[-1])
     ok = all(r.equal for r in results)
-    print("\nall results equal a serial loop" if ok else "\nMISMATCH: some results differ from a serial loop")
+    print(
+        "\nall results equal a serial loop"
+        if ok
+        else "\nMISMATCH: some results differ from a serial loop"
+    )
     return 0 if ok else 1
 
 
@@ -71,7 +92,10 @@ def _explain(args: argparse.Namespace) -> int:
 
     module_name, sep, qualname = args.target.partition(":")
     if not sep or not qualname:
-        print(f"error: expected MODULE:NAME (e.g. hashlib:sha256), got {args.target!r}", file=sys.stderr)
+        print(
+            f"error: expected MODULE:NAME (e.g. hashlib:sha256), got {args.target!r}",
+            file=sys.stderr,
+        )
         return 2
     try:
         target = importlib.import_module(module_name)
@@ -104,11 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = argparse.ArgumentParser(prog="python -m smartexec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demo workloads on a source tree (the stdlib by default)")
+    demo = sub.add_parser(
+        "demo", help="run the demo workloads on a source tree (the stdlib by default)"
+    )
     demo.add_argument("path", nargs="?", help="source tree to scan (default: this Python's stdlib)")
     demo.add_argument("--workers", type=int, default=None, help="max_workers (default: CPUs)")
-    demo.add_argument("--pattern", default=r"def __\w+__\(self", help="regex for the closure workload")
-    demo.add_argument("--workloads", default="all", help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    demo.add_argument(
+        "--pattern", default=r"def __\w+__\(self", help="regex for the closure workload"
+    )
+    demo.add_argument(
+        "--workloads", default="all", help=f"comma-separated subset of {','.join(WORKLOADS)}"
+    )
     demo.add_argument("--limit", type=int, default=0, help="use only the first N files (0: all)")
     demo.set_defaults(run=_demo)
     explain = sub.add_parser("explain", help="say where a callable would run and why")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Literal, TypeVar, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar, overload
 
 from .executor import SmartExecutor
 

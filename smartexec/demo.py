@@ -21,9 +21,10 @@ import re
 import sys
 import sysconfig
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,9 @@ class WorkloadResult:
         return self.serial_s / self.parallel_s if self.parallel_s > 0 else float("inf")
 
 
-def run_workload(executor: Any, name: str, fn: Callable[[str], Any], items: list[str]) -> WorkloadResult:
+def run_workload(
+    executor: Any, name: str, fn: Callable[[str], Any], items: list[str]
+) -> WorkloadResult:
     """Run ``fn`` over ``items`` serially, then on ``executor``; compare."""
     decision = executor.explain(fn, items[0]) if items else executor.explain(fn)
     start = time.perf_counter()

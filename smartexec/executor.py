@@ -23,10 +23,10 @@ from ._remote import Call, ChunkResult, dumps
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError
-from .inspection import callable_name, inspect_callable, payload_size
+from .inspection import inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .registry import get_backend_class
-from .tuning import MAX_CHUNK_ITEMS, PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
+from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
 __all__ = ["SmartExecutor"]
 
@@ -45,7 +45,7 @@ def _mark_interpreter_exit() -> None:
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
 
 
-def _check_open(executor: "SmartExecutor") -> None:
+def _check_open(executor: SmartExecutor) -> None:
     if executor._shutdown:
         raise RuntimeError("cannot schedule new futures after shutdown")
     if _interpreter_exiting:
@@ -242,13 +242,16 @@ class SmartExecutor(Executor):
             self._started.add(backend.name)
         return _CallFuture(inner, fn, call, backend.name)
 
-    submit.__doc__ = (Executor.submit.__doc__ or "") + """
+    submit.__doc__ = (
+        (Executor.submit.__doc__ or "")
+        + """
         smartexec adds: the callable is routed to a backend by
         :meth:`explain`'s policy. Raises
         :class:`~smartexec.errors.PayloadPicklingError` when the callable or
         an argument cannot be sent to the chosen backend's workers, and
         ``RuntimeError`` after :meth:`shutdown`.
         """
+    )
 
     def map(
         self,
@@ -269,7 +272,6 @@ class SmartExecutor(Executor):
             _check_open(self)
             decision, estimate = self._route(fn)
             backend = self._backend(decision.backend)
-            started = backend.name in self._started
         if backend.synchronous:
             return _lazy_inline(fn, inputs)
 
@@ -306,10 +308,10 @@ class SmartExecutor(Executor):
             prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
             if pickled and prefix and run.error is None:
                 _measure_pickling(estimate, head[: len(prefix)], prefix[:_PICKLE_SAMPLE])
+        del head
 
         def rest() -> Iterator[tuple[Any, ...]]:
             return run.inputs if star else zip(run.inputs)
-        del head
 
         def left() -> int | None:
             return None if remaining is None else remaining - run.items
@@ -332,11 +334,15 @@ class SmartExecutor(Executor):
         if run.error is not None:
             return _then_raise(prefix, run.error)
         if run.exhausted:
-            self._note(decision, "inline", (
-                f"the whole input ({run.items} items) ran in this thread while measuring "
-                f"it: {run.elapsed_s * 1000:.1f} ms, "
-                f"{run.elapsed_s / max(run.items, 1) * 1e6:.2f} us per item",
-            ))
+            self._note(
+                decision,
+                "inline",
+                (
+                    f"the whole input ({run.items} items) ran in this thread while measuring "
+                    f"it: {run.elapsed_s * 1000:.1f} ms, "
+                    f"{run.elapsed_s / max(run.items, 1) * 1e6:.2f} us per item",
+                ),
+            )
             return _drain(prefix)
         first = verdict()
         if not first.inline:
@@ -347,7 +353,9 @@ class SmartExecutor(Executor):
 
         def switch(reason: str) -> ChunkStream:
             stream = open_stream(rest(), left())
-            self._note(decision, decision.backend, (f"after {run.items} items inline: {reason}",), stream)
+            self._note(
+                decision, decision.backend, (f"after {run.items} items inline: {reason}",), stream
+            )
             return stream
 
         return itertools.chain.from_iterable(_inline_batches(prefix, run, left, verdict, switch))
@@ -391,7 +399,9 @@ class SmartExecutor(Executor):
                 on_chunk_error=explain_error,
             )
 
-    map.__doc__ = (Executor.map.__doc__ or "") + """
+    map.__doc__ = (
+        (Executor.map.__doc__ or "")
+        + """
         smartexec adds:
 
         * the input is read lazily and at most ``buffersize`` chunks are in
@@ -412,6 +422,7 @@ class SmartExecutor(Executor):
           results of the items before it, even within a chunk; closing the
           iterator early cancels every chunk not yet started.
         """
+    )
 
     def _note(
         self,
@@ -439,10 +450,13 @@ class SmartExecutor(Executor):
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
 
-    shutdown.__doc__ = (Executor.shutdown.__doc__ or "") + """
+    shutdown.__doc__ = (
+        (Executor.shutdown.__doc__ or "")
+        + """
         smartexec adds: every backend this executor started is shut down;
         no worker process outlives a ``shutdown(wait=True)``. Idempotent.
         """
+    )
 
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "running"

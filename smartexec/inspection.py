@@ -23,8 +23,9 @@ import functools
 import pickle
 import sys
 import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import cloudpickle
 
@@ -288,7 +289,9 @@ def _a(obj: Any) -> str:
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
-def inspect_callable(fn: Callable[..., Any], *, cap_bytes: int = DEFAULT_CAP_BYTES) -> CallableProfile:
+def inspect_callable(
+    fn: Callable[..., Any], *, cap_bytes: int = DEFAULT_CAP_BYTES
+) -> CallableProfile:
     """Profile a callable without calling it.
 
     Args:

@@ -185,7 +185,10 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
     if not platform.gil_enabled and options.prefer != "processes":
         return Decision(
             "thread",
-            (what, "the GIL is disabled (free-threaded build): threads run Python code in parallel"),
+            (
+                what,
+                "the GIL is disabled (free-threaded build): threads run Python code in parallel",
+            ),
             profile=profile,
         )
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import threading
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .backends._base import Backend
 from .errors import BackendUnavailableError, UnknownBackendError

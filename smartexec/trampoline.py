@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 __all__ = ["SharedRef", "new_token", "resolve", "forking"]
 

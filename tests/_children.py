@@ -49,7 +49,9 @@ def kill_all(pids) -> None:
             pass
 
 
-def run_python(code: str, *, timeout: float = 60, cwd: str | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *, timeout: float = 60, cwd: str | None = None
+) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter as ``__main__``; kill it at ``timeout``.
 
     The child's whole process group is killed on timeout, and its output is put

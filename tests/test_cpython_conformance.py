@@ -113,7 +113,9 @@ BORROWED: dict[str, tuple[str, str, frozenset[str | None]]] = {
     "test_map_chunksize": ("ProcessPoolExecutorTest", "ExecutorTest", _ALL_ROUTES),
     # a worker drops a call's arguments once it has run (needs a process).
     "test_ressources_gced_in_workers": (
-        "ProcessPoolExecutorTest", "ExecutorTest", _PROCESS_ROUTES,
+        "ProcessPoolExecutorTest",
+        "ExecutorTest",
+        _PROCESS_ROUTES,
     ),
     # a worker's traceback text reaches the parent as __cause__ (needs a process;
     # run with smartexec's RemoteTraceback standing in for the stdlib-private class).
@@ -121,11 +123,15 @@ BORROWED: dict[str, tuple[str, str, frozenset[str | None]]] = {
     # map() submits everything before the first next() (the callable appends
     # to a list in the test: threads only; default routing sends closures to loky).
     "test_map_submits_without_iteration": (
-        "ThreadPoolExecutorTest", "ExecutorTest", frozenset({"thread"}),
+        "ThreadPoolExecutorTest",
+        "ExecutorTest",
+        frozenset({"thread"}),
     ),
     # a map() that times out cancels the items not started (same list: threads only).
     "test_executor_map_current_future_cancel": (
-        "ThreadPoolExecutorTest", "ExecutorTest", frozenset({"thread"}),
+        "ThreadPoolExecutorTest",
+        "ExecutorTest",
+        frozenset({"thread"}),
     ),
     # wait() on 100 futures released at once (the callable waits on the test's
     # threading.Event: threads only; on fork the worker's copy is never set).
@@ -139,47 +145,32 @@ EXCLUDED: dict[str, str] = {
     "ThreadPoolExecutorTest.test_default_workers": "reads executor._max_workers",
     "ThreadPoolExecutorTest.test_saturation": "counts executor._threads",
     "ThreadPoolExecutorTest.test_idle_thread_reuse": "counts executor._threads",
-    "ThreadPoolExecutorTest.test_hang_global_shutdown_lock":
-        "drives stdlib ThreadPoolExecutor/ProcessPoolExecutor directly (bpo-45021 lock)",
+    "ThreadPoolExecutorTest.test_hang_global_shutdown_lock": "drives stdlib ThreadPoolExecutor/ProcessPoolExecutor directly (bpo-45021 lock)",
     # ProcessPoolExecutorTest (test_process_pool.py)
     "ProcessPoolExecutorTest.test_max_workers_too_large": "Windows-only ProcessPoolExecutor limit",
-    "ProcessPoolExecutorTest.test_killed_child":
-        "kills a worker found in executor._processes; expects the whole pool broken",
+    "ProcessPoolExecutorTest.test_killed_child": "kills a worker found in executor._processes; expects the whole pool broken",
     "ProcessPoolExecutorTest.test_saturation": "counts executor._processes",
     "ProcessPoolExecutorTest.test_idle_process_reuse_one": "counts executor._processes",
     "ProcessPoolExecutorTest.test_idle_process_reuse_multiple": "counts executor._processes",
-    "ProcessPoolExecutorTest.test_max_tasks_per_child":
-        "max_tasks_per_child is a ProcessPoolExecutor-only argument",
-    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context":
-        "max_tasks_per_child / executor._mp_context are ProcessPoolExecutor-only",
-    "ProcessPoolExecutorTest.test_max_tasks_early_shutdown":
-        "max_tasks_per_child is a ProcessPoolExecutor-only argument",
-    "ProcessPoolExecutorTest.test_python_finalization_error":
-        "patches threading._start_joinable_thread to break ProcessPoolExecutor's manager thread",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child": "max_tasks_per_child is a ProcessPoolExecutor-only argument",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context": "max_tasks_per_child / executor._mp_context are ProcessPoolExecutor-only",
+    "ProcessPoolExecutorTest.test_max_tasks_early_shutdown": "max_tasks_per_child is a ProcessPoolExecutor-only argument",
+    "ProcessPoolExecutorTest.test_python_finalization_error": "patches threading._start_joinable_thread to break ProcessPoolExecutor's manager thread",
     # ThreadPoolShutdownTest / ProcessPoolShutdownTest (test_shutdown.py)
     "ThreadPoolShutdownTest.test_threads_terminate": "joins executor._threads",
-    "ThreadPoolShutdownTest.test_context_manager_shutdown":
-        "builds a stdlib ThreadPoolExecutor and joins its _threads",
-    "ThreadPoolShutdownTest.test_del_shutdown":
-        "builds a stdlib ThreadPoolExecutor, reads its _threads",
-    "ThreadPoolShutdownTest.test_shutdown_no_wait":
-        "builds a stdlib ThreadPoolExecutor, reads its _threads",
+    "ThreadPoolShutdownTest.test_context_manager_shutdown": "builds a stdlib ThreadPoolExecutor and joins its _threads",
+    "ThreadPoolShutdownTest.test_del_shutdown": "builds a stdlib ThreadPoolExecutor, reads its _threads",
+    "ThreadPoolShutdownTest.test_shutdown_no_wait": "builds a stdlib ThreadPoolExecutor, reads its _threads",
     "ThreadPoolShutdownTest.test_thread_names_assigned": "thread_name_prefix and thread names",
     "ThreadPoolShutdownTest.test_thread_names_default": "ThreadPoolExecutor's default thread names",
-    "ThreadPoolShutdownTest.test_cancel_futures_wait_false":
-        "runs a stdlib ThreadPoolExecutor in a child interpreter",
+    "ThreadPoolShutdownTest.test_cancel_futures_wait_false": "runs a stdlib ThreadPoolExecutor in a child interpreter",
     "ProcessPoolShutdownTest.test_processes_terminate": "counts and joins executor._processes",
-    "ProcessPoolShutdownTest.test_context_manager_shutdown":
-        "builds a stdlib ProcessPoolExecutor and joins its _processes",
-    "ProcessPoolShutdownTest.test_del_shutdown":
-        "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
-    "ProcessPoolShutdownTest.test_shutdown_no_wait":
-        "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
+    "ProcessPoolShutdownTest.test_context_manager_shutdown": "builds a stdlib ProcessPoolExecutor and joins its _processes",
+    "ProcessPoolShutdownTest.test_del_shutdown": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
+    "ProcessPoolShutdownTest.test_shutdown_no_wait": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
     # Whole classes
-    "InitializerMixin / FailingInitializerMixin (test_init.py)":
-        "initializer/initargs are pool-constructor arguments SmartExecutor does not take",
-    "ExecutorDeadlockTest (test_deadlock.py)":
-        "ProcessPoolExecutor's BrokenProcessPool-on-crash contract and its internals",
+    "InitializerMixin / FailingInitializerMixin (test_init.py)": "initializer/initargs are pool-constructor arguments SmartExecutor does not take",
+    "ExecutorDeadlockTest (test_deadlock.py)": "ProcessPoolExecutor's BrokenProcessPool-on-crash contract and its internals",
     "FutureTests (test_future.py)": "tests the Future class itself, not an executor",
 }
 
@@ -188,8 +179,7 @@ EXCLUDED: dict[str, str] = {
 #: ours runs the same scenario with ``smartexec.SmartExecutor``.
 ADAPTED: dict[str, str] = {
     "test_interpreter_shutdown": "child script imports the executor from concurrent.futures",
-    "test_submit_after_interpreter_shutdown":
-        "child script imports the executor from concurrent.futures",
+    "test_submit_after_interpreter_shutdown": "child script imports the executor from concurrent.futures",
     "test_hang_gh83386": "child script imports the executor from concurrent.futures",
 }
 

@@ -12,8 +12,9 @@ found through the same registry (:mod:`smartexec.registry`).
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 from .._remote import Call, ChunkResult
 
@@ -55,7 +56,9 @@ class Backend(abc.ABC):
     chunk_overhead_s: ClassVar[float] = 0.0
 
     def __init__(self, max_workers: int | None, cpu_count: int):
-        self.max_workers = max_workers if max_workers is not None else self.default_workers(cpu_count)
+        self.max_workers = (
+            max_workers if max_workers is not None else self.default_workers(cpu_count)
+        )
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:

@@ -33,17 +33,18 @@ import os
 import signal
 import threading
 import weakref
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import wait as wait_for
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 from .. import trampoline
+from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult, dumps, loads, remote_exception, run_chunk
 from ..errors import PayloadPicklingError, RemoteError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
-from .._diagnose import pickling_error
 
 __all__ = ["ForkBackend"]
 
@@ -415,9 +416,7 @@ class ForkBackend(Backend):
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or not entry.handle.matches(fn):
-                entry = _Entry(
-                    trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key))
-                )
+                entry = _Entry(trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key)))
                 self._entries[key] = entry
             return _Prepared(trampoline.SharedRef(entry.token, callable_name(fn)), fn)
 
@@ -459,7 +458,9 @@ class ForkBackend(Backend):
         try:
             payload = dumps((target, list(chunk), budget_s))
         except Exception as exc:
-            raise pickling_error(keepalive if keepalive is not None else fn, chunk, exc, self.name) from exc
+            raise pickling_error(
+                keepalive if keepalive is not None else fn, chunk, exc, self.name
+            ) from exc
         return self._pool_covering(token).submit(payload, keepalive, name)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -7,8 +7,9 @@ those of a plain loop).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Sequence
+from typing import Any
 
 from .._remote import Call, ChunkResult, run_chunk
 from ._base import Backend

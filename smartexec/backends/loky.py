@@ -17,9 +17,10 @@ usable; the chunks that were pending when the worker died are not retried.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Sequence
+from typing import Any
 
 from .._remote import Call, ChunkResult, run_chunk
 from ._base import Backend

@@ -7,8 +7,9 @@ workers share the caller's memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from .._remote import Call, ChunkResult, run_chunk
 from ._base import Backend

@@ -12,8 +12,7 @@ import weakref
 import numpy as np
 import pytest
 
-from smartexec import SmartExecutor, WorkerCrashedError
-from smartexec import trampoline
+from smartexec import SmartExecutor, WorkerCrashedError, trampoline
 
 from .._children import child_processes, run_python
 
@@ -79,7 +78,9 @@ def test_retired_pool_workers_exit():
         ex.submit(NeverPickled().lookup, 0).result(timeout=30)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            workers = [c for c in child_processes(os.getpid()).values() if "resource_tracker" not in c]
+            workers = [
+                c for c in child_processes(os.getpid()).values() if "resource_tracker" not in c
+            ]
             if len(workers) <= 2:
                 break
             time.sleep(0.05)

@@ -125,7 +125,7 @@ def test_memory_stays_flat_while_a_million_items_stream():
         ahead = 0
         with SmartExecutor(2, backend=backend) as ex:
             n = 1_000_000 if backend is None else 200_000
-            for consumed, value in enumerate(ex.map(noop, source())):
+            for consumed, _ in enumerate(ex.map(noop, source())):
                 ahead = max(ahead, pulled - consumed)
                 if consumed == n:
                     break
