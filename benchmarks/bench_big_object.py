@@ -4,7 +4,7 @@ Two scenarios, each run side by side in one process, alternating contenders
 over several rounds (the machine is shared and noisy: read the ratios, not the
 absolute times). Every timing includes starting the workers.
 
-1. DESIGN.md's anchor: an object holding 100 MB, read by 32 tiny tasks.
+1. The anchor from our design notes: an object holding 100 MB, read by 32 tiny tasks.
 2. The demo's workload (issue 2): ``NgramIndex.rarity`` of a 256 MiB index,
    one query per ``.py`` file of the stdlib.
 

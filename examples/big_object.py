@@ -1,4 +1,4 @@
-"""Mapping a method of an object that holds a big array (DESIGN.md, problem 2).
+"""Mapping a method of an object that holds a big array (docs/problems.md, problem 2).
 
 The trap: ``pool.map(obj.method, items)`` on a process pool pickles ``obj``
 -- array and all -- for every task, so a cheap method becomes slower than a

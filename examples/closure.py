@@ -1,4 +1,4 @@
-"""Sending a closure or a lambda to worker processes (DESIGN.md, problem 3).
+"""Sending a closure or a lambda to worker processes (docs/problems.md, problem 3).
 
 The trap: the standard library pickles a function *by reference* (module name
 plus qualified name), and a function created inside another function, or a

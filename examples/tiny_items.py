@@ -1,4 +1,4 @@
-"""Many tiny items: the cost of sending work to processes (DESIGN.md, problem 4).
+"""Many tiny items: the cost of sending work to processes (docs/problems.md, problem 4).
 
 The trap: a process pool pays a fixed cost for every submission -- pickling,
 two trips through a pipe, waking a worker -- of a few hundred microseconds.

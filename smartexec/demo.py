@@ -128,7 +128,9 @@ class WorkloadResult:
     Attributes:
         name: workload name.
         items: number of items mapped.
-        decision: the executor's decision, as text.
+        decision: the routing policy's decision for the callable, as text.
+        ran: what the map actually did (``ex.decisions()[-1]``), e.g. ran
+            inline because the measured items were too small, as text.
         serial_s: seconds for a plain loop.
         parallel_s: seconds for ``SmartExecutor.map`` (worker start included).
         equal: whether both gave the same results.
@@ -137,6 +139,7 @@ class WorkloadResult:
     name: str
     items: int
     decision: str
+    ran: str
     serial_s: float
     parallel_s: float
     equal: bool
@@ -158,7 +161,17 @@ def run_workload(
     start = time.perf_counter()
     parallel = list(executor.map(fn, items))
     parallel_s = time.perf_counter() - start
-    return WorkloadResult(name, len(items), str(decision), serial_s, parallel_s, serial == parallel)
+    ran = executor.decisions()[-1]
+    how = f"{ran.backend}" + (f" (first chunk {ran.chunksize} items)" if ran.chunksize else "")
+    return WorkloadResult(
+        name,
+        len(items),
+        str(decision),
+        f"{how}: {ran.reasons[0]}",
+        serial_s,
+        parallel_s,
+        serial == parallel,
+    )
 
 
 def warm_page_cache(paths: Sequence[str]) -> int:
@@ -174,6 +187,7 @@ def print_result(result: WorkloadResult, out: Any = sys.stdout) -> None:
     """Print one workload's report."""
     print(f"\n== {result.name}: {result.items} items", file=out)
     print(f"   decision: {result.decision}".replace("\n", "\n   "), file=out)
+    print(f"   this map ran on {result.ran}", file=out)
     print(
         f"   serial {result.serial_s:.2f} s | smartexec {result.parallel_s:.2f} s | "
         f"speed-up {result.speedup:.2f}x | results equal a serial loop: {result.equal}",

@@ -204,10 +204,17 @@ class SmartExecutor(Executor):
             TypeError: ``fn`` is not callable.
         """
         decision, estimate = self._route(fn)
+        notes = []
         if estimate.per_item_s is not None:
+            notes.append(f"measured so far: {estimate!r}")
+        if estimate.last_map is not None:
+            notes.append(
+                f"its last map ran on {estimate.last_map.backend}: {estimate.last_map.reasons[0]}"
+            )
+        if notes:
             decision = Decision(
                 decision.backend,
-                (*decision.reasons, f"measured so far: {estimate!r}"),
+                (*decision.reasons, *notes),
                 share=decision.share,
                 profile=decision.profile,
             )
@@ -290,7 +297,24 @@ class SmartExecutor(Executor):
             )
 
         if not auto:
-            return _stream_values([], open_stream(inputs, remaining))
+            stream = open_stream(inputs, remaining)
+            why = (
+                "chunksize given"
+                if chunksize is not None
+                else "backend given"
+                if self._options.backend is not None
+                else "timeout given"
+                if timeout is not None
+                else "shared by copy-on-write"
+            )
+            self._note(
+                decision,
+                estimate,
+                decision.backend,
+                (f"{why}: no items ran in this thread",),
+                stream,
+            )
+            return _stream_values([], stream)
 
         pickled = not backend.shares_memory
         star = len(iterables) != 1
@@ -336,6 +360,7 @@ class SmartExecutor(Executor):
         if run.exhausted:
             self._note(
                 decision,
+                estimate,
                 "inline",
                 (
                     f"the whole input ({run.items} items) ran in this thread while measuring "
@@ -347,14 +372,18 @@ class SmartExecutor(Executor):
         first = verdict()
         if not first.inline:
             stream = open_stream(rest(), left())
-            self._note(decision, decision.backend, (first.reason,), stream)
+            self._note(decision, estimate, decision.backend, (first.reason,), stream)
             return _stream_values(prefix, stream)
-        self._note(decision, "inline", (first.reason,))
+        self._note(decision, estimate, "inline", (first.reason,))
 
         def switch(reason: str) -> ChunkStream:
             stream = open_stream(rest(), left())
             self._note(
-                decision, decision.backend, (f"after {run.items} items inline: {reason}",), stream
+                decision,
+                estimate,
+                decision.backend,
+                (f"after {run.items} items inline: {reason}",),
+                stream,
             )
             return stream
 
@@ -427,21 +456,22 @@ class SmartExecutor(Executor):
     def _note(
         self,
         decision: Decision,
+        estimate: Estimate,
         backend: str,
         reasons: tuple[str, ...],
         stream: ChunkStream | None = None,
     ) -> None:
         """Log what a map did, with its measured figures, before the policy's reasons."""
         size = stream.sizes[0] if stream is not None and stream.sizes else None
-        self._log.append(
-            Decision(
-                backend,
-                (*reasons, *decision.reasons),
-                share=decision.share and backend == decision.backend,
-                chunksize=size,
-                profile=decision.profile,
-            )
+        done = Decision(
+            backend,
+            (*reasons, *decision.reasons),
+            share=decision.share and backend == decision.backend,
+            chunksize=size,
+            profile=decision.profile,
         )
+        estimate.last_map = done
+        self._log.append(done)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -460,7 +490,7 @@ class SmartExecutor(Executor):
 
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "running"
-        started = ", ".join(sorted(self._backends)) or "none yet"
+        started = ", ".join(sorted(self._started)) or "none yet"
         return f"<SmartExecutor {state}; backends started: {started}>"
 
 

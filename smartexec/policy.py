@@ -35,7 +35,7 @@ __all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
 #: State bigger than this is shared with fork workers by copy-on-write rather
 #: than pickled with every chunk. At 1 MiB, pickling and piping the state costs
 #: about 1 ms per chunk, the same order as a process pool's own per-chunk cost
-#: (DESIGN.md section 1, problem 4).
+#: (docs/problems.md, problem 4).
 BIG_STATE_BYTES = 1 << 20
 
 PREFER_VALUES = ("threads", "processes")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CHUNKS_PER_WORKER",
@@ -90,6 +91,8 @@ class Estimate:
         items: number of items measured so far.
         pickle_parent_s: seconds per item the parent spends pickling
             arguments and unpickling results (0 on in-process backends).
+        last_map: what the callable's last ``map`` did (a
+            :class:`~smartexec.policy.Decision`), or None.
     """
 
     ALPHA = 0.5
@@ -99,6 +102,7 @@ class Estimate:
         self.per_item_s: float | None = None
         self.items = 0
         self.pickle_parent_s = 0.0
+        self.last_map: Any = None
 
     def observe(self, n_items: int, compute_s: float) -> None:
         """Record that ``n_items`` items took ``compute_s`` seconds of work."""

@@ -350,7 +350,13 @@ class _ForkPool:
                 worker.process.kill()
                 worker.process.join()
             worker.conn.close()
-            worker.process.close()
+            try:
+                worker.process.close()
+            except ValueError:
+                # Another thread's multiprocessing bookkeeping (Process.start()
+                # reaps finished children) may have reaped it first, leaving
+                # this Process object unsure; it is gone, the object is freed later.
+                pass
         self._workers = []
         with self._wake_lock:
             os.close(self._wake_r)

@@ -40,10 +40,11 @@ class LokyBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
-        self._pool = self._new_pool()
+        self._pool: Any = None  # created at the first chunk: a map may run inline
         # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
         self._pending: set[Future[ChunkResult]] = set()
         self._lock = threading.Lock()
+        self._closed = False
 
     def _new_pool(self) -> Any:
         from loky import ProcessPoolExecutor
@@ -53,13 +54,23 @@ class LokyBackend(Backend):
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
     ) -> Future[ChunkResult]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if self._pool is None:
+                self._pool = self._new_pool()
+            pool = self._pool
         try:
-            future = self._pool.submit(run_chunk, fn, chunk, True, budget_s)
+            future = pool.submit(run_chunk, fn, chunk, True, budget_s)
         except BrokenProcessPool:
             # A worker died earlier and loky broke the pool: replace it once.
-            broken, self._pool = self._pool, self._new_pool()
+            broken = pool
+            with self._lock:
+                if self._pool is broken:
+                    self._pool = self._new_pool()
+                pool = self._pool
             broken.shutdown(wait=False, kill_workers=True)
-            future = self._pool.submit(run_chunk, fn, chunk, True, budget_s)
+            future = pool.submit(run_chunk, fn, chunk, True, budget_s)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
@@ -70,10 +81,12 @@ class LokyBackend(Backend):
             self._pending.discard(future)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        if cancel_futures:
-            with self._lock:
-                pending = list(self._pending)
-            for future in pending:
-                future.cancel()
-        # kill_workers=False lets running chunks finish, as the stdlib does.
-        self._pool.shutdown(wait=wait, kill_workers=False)
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+            pending = list(self._pending) if cancel_futures else []
+        for future in pending:
+            future.cancel()
+        if pool is not None:
+            # kill_workers=False lets running chunks finish, as the stdlib does.
+            pool.shutdown(wait=wait, kill_workers=False)

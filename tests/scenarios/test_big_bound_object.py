@@ -1,4 +1,4 @@
-"""DESIGN.md problem 2: a method of an object holding a big array is never pickled."""
+"""docs/problems.md, problem 2: a method of an object holding a big array is never pickled."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md problem 4 / issue 3: chunksize from measured latency, inline fallback, streaming."""
+"""docs/problems.md, problem 4 / issue 3: chunksize from measured latency, inline fallback, streaming."""
 
 from __future__ import annotations
 
@@ -144,3 +144,12 @@ def test_early_exit_cancels_pending_chunks(chunk_sizes):
         ex.shutdown(wait=True)
         assert time.perf_counter() - start < 1.0  # 99 x 50 ms were not run
     assert len(chunk_sizes) <= 10  # only the window was ever sent
+
+
+def test_inline_run_moves_to_workers_when_items_turn_slow():
+    with SmartExecutor(2) as ex:
+        items = list(range(2400))
+        assert list(ex.map(fast_then_slow, items)) == items
+        moved = [d for d in ex.decisions() if "items inline" in d.reasons[0]]
+        assert moved and moved[-1].backend == "fork", [str(d) for d in ex.decisions()]
+        assert "its last map ran on fork" in str(ex.explain(fast_then_slow))

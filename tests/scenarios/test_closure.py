@@ -1,4 +1,4 @@
-"""DESIGN.md problem 3: lambdas and closures fail in a process pool, not here."""
+"""docs/problems.md, problem 3: lambdas and closures fail in a process pool, not here."""
 
 from __future__ import annotations
 

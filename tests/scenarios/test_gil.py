@@ -1,4 +1,4 @@
-"""DESIGN.md problem 1: GIL-releasing work goes to threads, GIL-holding work to processes."""
+"""docs/problems.md, problem 1: GIL-releasing work goes to threads, GIL-holding work to processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md problem 5: a worker process's writes stay in the worker; results come back."""
+"""docs/problems.md, problem 5: a worker process's writes stay in the worker; results come back."""
 
 from __future__ import annotations
 
