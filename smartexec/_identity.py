@@ -61,7 +61,11 @@ class WeakCallable:
                 try:
                     owner_ref = weakref.ref(owner, callback)
                 except TypeError:
-                    pass
+                    # A list's or dict's method: the bound-method object is a
+                    # temporary, so a weak reference to it would die at once.
+                    self.weak = False
+                    self._get = lambda: fn
+                    return
                 else:
                     self._get = lambda: None if (o := owner_ref()) is None else getattr(o, name)
                     return

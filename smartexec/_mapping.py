@@ -177,14 +177,27 @@ class ChunkStream:
         return slot.outcomes
 
     def chunks(self) -> Iterator[list[tuple[bool, Any]]]:
-        """Yield each chunk's outcomes, in input order; cancel the rest on exit."""
+        """Yield each chunk's outcomes, in input order; cancel the rest on exit.
+
+        An error while reading the input or sending a later chunk (an argument
+        that cannot be pickled) is raised after the results of every chunk
+        already sent, which is its position in the input.
+        """
+        late_error: BaseException | None = None
         try:
             while self._window:
                 outcomes = self._wait(self._window[0])
                 self._window.popleft()
-                self._refill()
+                if late_error is None:
+                    try:
+                        self._refill()
+                    except Exception as exc:
+                        late_error = exc
+                        self._exhausted = True
                 yield outcomes
                 del outcomes
+            if late_error is not None:
+                raise late_error
         finally:
             self.cancel()
 

@@ -9,6 +9,7 @@ cached per callable (weakly: the cache never keeps a callable alive).
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import threading
 import time
@@ -31,6 +32,9 @@ from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 __all__ = ["SmartExecutor"]
 
 T = TypeVar("T")
+
+#: Most decisions kept for :meth:`SmartExecutor.decisions`.
+DECISION_LOG_SIZE = 1000
 
 _interpreter_exiting = False
 
@@ -82,9 +86,13 @@ class _CallFuture(Future):  # type: ignore[type-arg]
 
     def cancel(self) -> bool:
         inner = self._inner
-        if inner is not None and not inner.cancel():
-            return False
-        return Future.cancel(self)
+        if inner is None:
+            # Already transferred (or transferring): the call ran or was
+            # cancelled through its chunk; never cancel a finished call here.
+            return self.cancelled()
+        # Cancelling the chunk runs _transfer, which cancels this future and
+        # notifies its waiters.
+        return inner.cancel()
 
     def running(self) -> bool:
         inner = self._inner
@@ -136,6 +144,18 @@ class SmartExecutor(Executor):
                 )
             if max_workers <= 0:
                 raise ValueError("max_workers must be greater than 0")
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(
+                f"backend must be a backend name (str) or None, got {backend!r} "
+                f'({type(backend).__qualname__}); e.g. backend="thread"'
+            )
+        if isinstance(big_state_bytes, bool) or not isinstance(big_state_bytes, int):
+            raise TypeError(
+                f"big_state_bytes must be an int (bytes), got {big_state_bytes!r} "
+                f"({type(big_state_bytes).__qualname__})"
+            )
+        if big_state_bytes < 0:
+            raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
         if prefer is not None and prefer not in PREFER_VALUES:
             raise ValueError(
                 f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, "
@@ -150,7 +170,7 @@ class SmartExecutor(Executor):
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
-        self._log: list[Decision] = []
+        self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
 
     @staticmethod
@@ -232,8 +252,33 @@ class SmartExecutor(Executor):
             )
         return decision
 
+    def refresh(self, fn: Callable[..., Any]) -> bool:
+        """Let fork workers see the current state of a shared callable's object.
+
+        A callable shared by copy-on-write (``explain(fn).share``) reaches each
+        fork worker as the copy of its object that existed when that worker
+        was forked: changes the parent makes afterwards (``model.bias = 2``)
+        are not seen by later chunks. Call ``refresh(fn)`` after such a change;
+        the next chunks of ``fn`` run on workers forked from the current state.
+
+        Args:
+            fn: the callable, e.g. ``model.predict``.
+
+        Returns:
+            True when ``fn`` was shared with fork workers (and is now
+            refreshed), False when nothing needed doing.
+        """
+        with self._lock:
+            backend = self._backends.get("fork")
+        refresh = getattr(backend, "refresh", None)
+        return bool(refresh(fn)) if refresh is not None else False
+
     def decisions(self) -> tuple[Decision, ...]:
-        """Return every routing decision this executor made, oldest first."""
+        """Return the routing decisions this executor made, oldest first.
+
+        Keeps the last :data:`DECISION_LOG_SIZE` (the policy's decision for
+        each new callable, and one entry per ``map`` saying what it ran on).
+        """
         return tuple(self._log)
 
     # -- the Executor contract ---------------------------------------------------
@@ -268,9 +313,14 @@ class SmartExecutor(Executor):
         chunksize: int | None = None,
         buffersize: int | None = None,
     ) -> Iterator[T]:
+        for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(
+                    f"{name} must be an int or None, got {value!r} ({type(value).__qualname__})"
+                )
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
-        if buffersize is not None and (not isinstance(buffersize, int) or buffersize < 1):
+        if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0.")
         end_time = None if timeout is None else timeout + time.monotonic()
         remaining = _common_length(iterables)
@@ -284,11 +334,15 @@ class SmartExecutor(Executor):
 
         # Callables shared by copy-on-write never run here: their writes to
         # their own state must stay in the workers, for every item alike.
+        # Threads start in microseconds and cost ~20 us a chunk, so measuring
+        # in this thread first buys little there, and would block map() on
+        # producer/consumer code (items that wait for the caller).
         auto = (
             chunksize is None
             and self._options.backend is None
             and timeout is None
             and not decision.share
+            and not backend.shares_memory
         )
 
         def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
@@ -500,7 +554,7 @@ def _common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
     for iterable in iterables:
         try:
             lengths.append(len(iterable))  # type: ignore[arg-type]
-        except TypeError:
+        except Exception:  # no length, or one too big for an index (range(10**20))
             return None
     return min(lengths) if lengths else 0
 
@@ -552,9 +606,10 @@ def _inline_batches(
 ) -> Iterator[Iterator[Any]]:
     """Yield lazy batches of inline results, re-deciding between batches.
 
-    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches of
-    ``TINY_BATCH`` items: the caller pulls results straight through them, with
-    no per-item Python code. Slower items go one by one with a look at the
+    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 8
+    items and double up to ``TINY_BATCH`` (the estimate may be an older
+    map's): the caller pulls results straight through them, with no per-item
+    Python code. Slower items go one by one with a look at the
     clock after each, so a batch never runs much past ``PROBE_S`` however
     slow its items turn. Either way an item's exception surfaces at its
     position. Between batches the estimate is updated from the time the batch
@@ -565,6 +620,7 @@ def _inline_batches(
     apply = itertools.starmap if run.star else map
     inputs, estimate = run.inputs, run.estimate
     size = 0
+    tiny = 8  # C-level batches start small: the estimate may come from an older map
     start = time.perf_counter()
     while True:
         if size:
@@ -585,7 +641,8 @@ def _inline_batches(
             if size == 0:
                 return
             continue
-        size = TINY_BATCH if known is None else min(TINY_BATCH, known)
+        size = tiny if known is None else min(tiny, known)
+        tiny = min(TINY_BATCH, 2 * tiny)
         if known is not None:  # a sized input: no need to peek for its end
             batch: Iterator[Any] = itertools.islice(inputs, size)
         else:

@@ -140,6 +140,8 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
                     f"{holder} cannot be pickled ({state.error})",
                     "fork workers reach it by copy-on-write through a module-level "
                     "trampoline, so it is never pickled",
+                    "workers see the object as it was when they were forked: after "
+                    "changing it, call executor.refresh(fn)",
                 ),
                 share=True,
                 profile=profile,
@@ -156,6 +158,8 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
                     size,
                     "fork workers reach it by copy-on-write through a module-level "
                     "trampoline; it is never pickled",
+                    "workers see the object as it was when they were forked: after "
+                    "changing it, call executor.refresh(fn)",
                 ),
                 share=True,
                 profile=profile,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -23,10 +24,26 @@ from typing import Any
 __all__ = ["SharedRef", "new_token", "resolve", "forking"]
 
 #: token -> object, filled only around a fork (parent) and inherited by the
-#: forked worker, which reads it through :func:`resolve`.
+#: forked worker.
 _TABLE: dict[int, Any] = {}
+#: What this process inherited (a worker): moved out of _TABLE right after the
+#: fork, so that a worker which forks workers of its own (a nested executor)
+#: keeps its objects when that fork clears _TABLE. Read by :func:`resolve`.
+_INHERITED: dict[int, Any] = {}
 _FORK_LOCK = threading.Lock()
 _tokens = itertools.count(1)
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_LOCK
+    # The parent held the lock while forking us: a fresh one, or any fork we
+    # make (a nested executor) would wait for ever.
+    _FORK_LOCK = threading.Lock()
+    _INHERITED.update(_TABLE)
+    _TABLE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def new_token() -> int:
@@ -63,7 +80,7 @@ def resolve(token: int, name: str) -> Any:
             e.g. the ref was sent to a spawn or loky worker.
     """
     try:
-        return _TABLE[token]
+        return _INHERITED[token]
     except KeyError:
         raise LookupError(
             f"{name} (trampoline token {token}) is not in this worker's table: only "

@@ -234,3 +234,64 @@ def test_submit_during_interpreter_exit_is_refused():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "cannot schedule new futures after interpreter shutdown"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"backend": 1}, TypeError),
+        ({"big_state_bytes": "x"}, TypeError),
+        ({"big_state_bytes": -1}, ValueError),
+    ],
+)
+def test_constructor_arguments_are_checked(kwargs, error):
+    with pytest.raises(error):
+        SmartExecutor(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"chunksize": 2.5}, {"chunksize": True}, {"buffersize": "2"}])
+def test_map_arguments_are_checked(kwargs):
+    with SmartExecutor(backend="inline") as ex, pytest.raises(TypeError):
+        ex.map(square, [1], **kwargs)
+
+
+def test_input_that_raises_midway_keeps_the_results_before_it():
+    def items():
+        yield from range(95)
+        raise KeyError("input broke")
+
+    for backend in ("fork", "thread"):
+        with SmartExecutor(2, backend=backend) as ex:
+            got = []
+            with pytest.raises(KeyError):
+                for value in ex.map(square, items(), chunksize=5):
+                    got.append(value)
+        assert got == [square(i) for i in range(95)], backend
+
+
+def test_a_length_too_big_for_an_index_streams():
+    with SmartExecutor(2, backend="thread") as ex:
+        results = ex.map(square, range(10**20))
+        assert [next(results) for _ in range(5)] == [0, 1, 4, 9, 16]
+        results.close()
+
+
+def test_cancel_after_completion_never_reports_success():
+    with SmartExecutor(2, backend="thread") as ex:
+        futures = [ex.submit(square, i) for i in range(200)]
+        cancelled = [f for f in futures if f.cancel()]
+        done, not_done = cf.wait(futures, timeout=10)
+        assert not not_done
+        for f in futures:
+            assert f.cancelled() == (f in cancelled)
+            if not f.cancelled():
+                assert f.result() == square(futures.index(f))
+
+
+def test_decision_log_is_bounded():
+    from smartexec.executor import DECISION_LOG_SIZE
+
+    with SmartExecutor(backend="inline") as ex:
+        for i in range(DECISION_LOG_SIZE + 50):
+            ex.submit(lambda x=i: x)
+        assert len(ex.decisions()) == DECISION_LOG_SIZE

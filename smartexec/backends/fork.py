@@ -26,6 +26,7 @@ Data flow (one *pool* = one generation of workers, all forked together)::
 
 from __future__ import annotations
 
+import atexit
 import collections
 import multiprocessing
 import multiprocessing.util  # noqa: F401 - its atexit hook must be registered before ours
@@ -35,6 +36,7 @@ import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
@@ -53,6 +55,8 @@ __all__ = ["ForkBackend"]
 PARENT_CHECK_S = 1.0
 #: Seconds a worker gets to exit after being asked before it is killed.
 STOP_TIMEOUT_S = 2.0
+#: Shared callables that cannot be weakly referenced, kept for reuse at most.
+MAX_STRONG_SHARED = 8
 
 _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
 
@@ -168,6 +172,7 @@ class _ForkPool:
         self._queue: collections.deque[_Task] = collections.deque()
         self._unsent: collections.deque[_Task] = collections.deque()
         self._closing = False
+        self._broken: BaseException | None = None
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -193,6 +198,24 @@ class _ForkPool:
             self._queue.append(_Task(future, payload, keepalive, name))
         self._wake()
         return future
+
+    def take_queued(self) -> list[_Task]:
+        """Remove and return the tasks no worker has started (for a newer pool)."""
+        with self._lock:
+            tasks = list(self._queue)
+            self._queue.clear()
+        return tasks
+
+    def adopt(self, tasks: list[_Task]) -> None:
+        """Queue tasks taken from an older pool, ahead of anything newer."""
+        with self._lock:
+            self._queue.extendleft(reversed(tasks))
+        self._wake()
+
+    @property
+    def usable(self) -> bool:
+        """False once the pool is closing or its dispatcher has stopped."""
+        return not self._closing and self._thread.is_alive()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -238,34 +261,66 @@ class _ForkPool:
         )
         with trampoline.forking(objects):
             process.start()
+        # Process.start() in any thread reaps every finished child it knows of
+        # (multiprocessing.process._children); if it reaped ours while our
+        # dispatcher joins them, both would be unsure whether the worker exited.
+        # This pool joins its own workers, so take them off that list.
+        _mp_children = getattr(multiprocessing.process, "_children", None)
+        if _mp_children is not None:
+            _mp_children.discard(process)
         child_conn.close()
         return _Worker(process, parent_conn)
 
     def _run(self) -> None:
         try:
-            while True:
-                self._dispatch()
-                with self._lock:
-                    if (
-                        self._closing
-                        and not self._queue
-                        and not self._unsent
-                        and all(w.task is None for w in self._workers)
-                    ):
-                        return
-                busy = [w.conn for w in self._workers if w.task is not None]
-                sentinels = [w.process.sentinel for w in self._workers]
-                ready = set(wait_for([self._wake_r, *busy, *sentinels]))
-                if self._wake_r in ready:
-                    os.read(self._wake_r, 65536)
-                for worker in list(self._workers):
-                    if worker.task is not None and worker.conn in ready:
-                        self._receive(worker)
-                for worker in list(self._workers):
-                    if worker.process.sentinel in ready:
-                        self._bury(worker)
+            self._loop()
+        except BaseException as exc:
+            # E.g. forking a replacement worker failed (out of memory). Fail
+            # everything this pool holds rather than leave callers waiting.
+            self._broken = exc
+            self._fail_all(exc)
         finally:
             self._stop_workers()
+
+    def _fail_all(self, cause: BaseException) -> None:
+        with self._lock:
+            self._closing = True
+            tasks = [*self._unsent, *self._queue]
+            self._unsent.clear()
+            self._queue.clear()
+        tasks += [w.task for w in self._workers if w.task is not None]
+        for worker in self._workers:
+            worker.task = None
+        for task in tasks:
+            error = BrokenProcessPool(
+                f"the fork pool running {task.name} stopped: {type(cause).__name__}: {cause}"
+            )
+            error.__cause__ = cause
+            if task.future.running() or task.future.set_running_or_notify_cancel():
+                task.future.set_exception(error)
+
+    def _loop(self) -> None:
+        while True:
+            self._dispatch()
+            with self._lock:
+                if (
+                    self._closing
+                    and not self._queue
+                    and not self._unsent
+                    and all(w.task is None for w in self._workers)
+                ):
+                    return
+            busy = [w.conn for w in self._workers if w.task is not None]
+            sentinels = [w.process.sentinel for w in self._workers]
+            ready = set(wait_for([self._wake_r, *busy, *sentinels]))
+            if self._wake_r in ready:
+                os.read(self._wake_r, 65536)
+            for worker in list(self._workers):
+                if worker.task is not None and worker.conn in ready:
+                    self._receive(worker)
+            for worker in list(self._workers):
+                if worker.process.sentinel in ready:
+                    self._bury(worker)
 
     def _next_task(self) -> _Task | None:
         with self._lock:
@@ -339,6 +394,17 @@ class _ForkPool:
             self._workers.append(self._spawn())
 
     def _stop_workers(self) -> None:
+        try:
+            self._stop_each_worker()
+        finally:
+            with self._wake_lock:
+                if self._wake_w >= 0:
+                    os.close(self._wake_r)
+                    os.close(self._wake_w)
+                    self._wake_r = self._wake_w = -1
+            _LIVE_POOLS.discard(self)
+
+    def _stop_each_worker(self) -> None:
         for worker in self._workers:
             try:
                 worker.conn.send_bytes(b"")
@@ -358,11 +424,6 @@ class _ForkPool:
                 # this Process object unsure; it is gone, the object is freed later.
                 pass
         self._workers = []
-        with self._wake_lock:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_r = self._wake_w = -1
-        _LIVE_POOLS.discard(self)
 
 
 class _Prepared:
@@ -424,7 +485,33 @@ class ForkBackend(Backend):
             if entry is None or not entry.handle.matches(fn):
                 entry = _Entry(trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key)))
                 self._entries[key] = entry
+                if not entry.handle.weak:
+                    self._bound_strong_entries()
             return _Prepared(trampoline.SharedRef(entry.token, callable_name(fn)), fn)
+
+    def refresh(self, fn: Any) -> bool:
+        """Make the next chunks of ``fn`` see its state as it is now.
+
+        Workers hold the copy of a shared callable's object that they
+        inherited when they were forked. Dropping its token makes the next
+        submit fork a new pool from the parent's current memory.
+
+        Returns:
+            True when ``fn`` was shared with this backend's workers.
+        """
+        with self._lock:
+            return self._entries.pop(identity_key(fn), None) is not None
+
+    def _bound_strong_entries(self) -> None:
+        """Keep at most MAX_STRONG_SHARED callables that cannot be weakly referenced.
+
+        They are held strongly (a list's method, a ``__slots__`` class without
+        ``__weakref__``); the oldest are let go, so they cannot pile up. A let-go
+        callable still running keeps itself alive through its tasks.
+        """
+        strong = [k for k, e in self._entries.items() if not e.handle.weak]
+        for key in strong[: max(0, len(strong) - MAX_STRONG_SHARED)]:
+            del self._entries[key]
 
     def _forget(self, key: Hashable) -> None:
         with self._lock:
@@ -446,11 +533,17 @@ class ForkBackend(Backend):
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             pool = self._pool
-            if pool is None or (token is not None and token not in pool.covered):
+            if pool is None or not pool.usable or (token is not None and token not in pool.covered):
+                queued = []
                 if pool is not None:
+                    # The new pool inherits every live object, so it can run what
+                    # the old one has not started: at most two pools stay busy.
+                    queued = pool.take_queued()
                     pool.shutdown(wait=False)
                     self._retired = [p for p in self._retired if not p.done] + [pool]
                 pool = self._pool = _ForkPool(self.max_workers, self._live_objects)
+                if queued:
+                    pool.adopt(queued)
             return pool
 
     def submit_chunk(
@@ -467,7 +560,8 @@ class ForkBackend(Backend):
             raise pickling_error(
                 keepalive if keepalive is not None else fn, chunk, exc, self.name
             ) from exc
-        return self._pool_covering(token).submit(payload, keepalive, name)
+        with self._lock:  # no other thread may retire the pool in between
+            return self._pool_covering(token).submit(payload, keepalive, name)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -490,10 +584,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-_register_exit = getattr(threading, "_register_atexit", None)
-if _register_exit is not None:
-    _register_exit(_shutdown_all_pools)
-else:  # pragma: no cover - CPython has had it since 3.9
-    import atexit
-
-    atexit.register(_shutdown_all_pools)
+# A plain atexit hook: it runs after non-daemon threads are joined, so a map
+# still streaming in such a thread when the main thread ends can finish.
+atexit.register(_shutdown_all_pools)

@@ -223,3 +223,45 @@ def test_a_finished_pool_never_writes_to_a_reused_file_descriptor():
     finally:
         os.close(r)
         os.close(w)
+
+
+class Model:
+    def __init__(self):
+        self.weights = np.zeros(1 << 18)  # 2 MiB: shared by copy-on-write
+        self.bias = 0.0
+
+    def predict(self, x):
+        return x + self.bias
+
+
+def test_workers_see_the_state_they_were_forked_with_until_refresh():
+    model = Model()
+    with SmartExecutor(2) as ex:
+        assert ex.explain(model.predict).share
+        assert list(ex.map(model.predict, range(4))) == [0.0, 1.0, 2.0, 3.0]
+        model.bias = 100.0
+        # documented: a worker's copy is the object as it was at fork time
+        assert ex.submit(model.predict, 1).result(timeout=30) == 1.0
+        assert ex.refresh(model.predict)
+        assert list(ex.map(model.predict, range(4))) == [100.0, 101.0, 102.0, 103.0]
+        assert not ex.refresh(len)
+
+
+def nested_sum(n):
+    with SmartExecutor(2, backend="fork") as inner:
+        return sum(inner.map(abs, range(-n, 0)))
+
+
+class Outer:
+    def __init__(self):
+        self.data = np.ones(1 << 18)
+
+    def work(self, n):
+        return nested_sum(n) + int(self.data[0])
+
+
+def test_a_task_can_run_its_own_fork_executor():
+    outer = Outer()
+    with SmartExecutor(2) as ex:
+        assert ex.explain(outer.work).share
+        assert list(ex.map(outer.work, [3, 4, 5])) == [7, 11, 16]
