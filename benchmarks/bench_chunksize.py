@@ -12,7 +12,9 @@ contender, serial loop included. Contenders:
   after the first workload);
 * ``SmartExecutor()`` with no chunksize (a new executor per workload).
 
-Each contender's modules are imported once before timing (a first import
+Workloads whose loop takes under 0.5 s are timed 5 times per contender and
+the best time kept (except the chunksize sweep, which already runs each size
+once). Each contender's modules are imported once before timing (a first import
 compiles modules on machines without cached bytecode); worker start-up stays
 inside every timing.
 
@@ -56,6 +58,10 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
     expected = [fn(x) for x in items]
     rows = []
     t, _ = timed(lambda: [fn(x) for x in items])
+    # Millisecond-scale contenders are timed 5 times (best kept): one run is
+    # mostly noise on a shared machine. Slower ones run once.
+    repeat = 5 if t < 0.5 else 1
+    t = min(timed(lambda: [fn(x) for x in items])[0] for _ in range(repeat))
     rows.append(("serial loop", t))
     sub = items if partial_chunksize_1 is None else items[:partial_chunksize_1]
     t, got = timed(lambda: pool_map(fn, sub, workers, 1))
@@ -75,8 +81,16 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
     try:
         from joblib import Parallel, delayed
 
-        t, got = timed(
-            lambda: Parallel(n_jobs=workers, batch_size="auto")(delayed(fn)(x) for x in items)
+        t, got = min(
+            (
+                timed(
+                    lambda: Parallel(n_jobs=workers, batch_size="auto")(
+                        delayed(fn)(x) for x in items
+                    )
+                )
+                for _ in range(repeat)
+            ),
+            key=lambda r: r[0],
         )
         assert got == expected
         rows.append(('joblib batch_size="auto"', t))
@@ -88,7 +102,7 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
             result = list(ex.map(fn, items))
             return result, ex.decisions()[-1]
 
-    t, (got, decision) = timed(smart)
+    t, (got, decision) = min((timed(smart) for _ in range(repeat)), key=lambda r: r[0])
     assert got == expected
     rows.append(("SmartExecutor (no chunksize)", t))
     best_other = min(t for label, t in rows[:-1] if t == t)

@@ -606,8 +606,8 @@ def _inline_batches(
 ) -> Iterator[Iterator[Any]]:
     """Yield lazy batches of inline results, re-deciding between batches.
 
-    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 8
-    items and double up to ``TINY_BATCH`` (the estimate may be an older
+    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 16
+    items and grow fourfold up to ``TINY_BATCH`` (the estimate may be an older
     map's): the caller pulls results straight through them, with no per-item
     Python code. Slower items go one by one with a look at the
     clock after each, so a batch never runs much past ``PROBE_S`` however
@@ -620,16 +620,19 @@ def _inline_batches(
     apply = itertools.starmap if run.star else map
     inputs, estimate = run.inputs, run.estimate
     size = 0
-    tiny = 8  # C-level batches start small: the estimate may come from an older map
+    tiny = 16  # C-level batches start small: the estimate may come from an older map
     start = time.perf_counter()
     while True:
         if size:
+            before = estimate.per_item_s or 0.0
             estimate.observe(size, time.perf_counter() - start)
             run.items += size
-            now = verdict()
-            if not now.inline:
-                yield _stream_values([], switch(now.reason))
-                return
+            # A loop can only start losing when items get slower: re-check then.
+            if (estimate.per_item_s or 0.0) > 1.2 * before:
+                now = verdict()
+                if not now.inline:
+                    yield _stream_values([], switch(now.reason))
+                    return
         known = left()
         if known is not None and known <= 0:
             return
@@ -642,7 +645,7 @@ def _inline_batches(
                 return
             continue
         size = tiny if known is None else min(tiny, known)
-        tiny = min(TINY_BATCH, 2 * tiny)
+        tiny = min(TINY_BATCH, 4 * tiny)
         if known is not None:  # a sized input: no need to peek for its end
             batch: Iterator[Any] = itertools.islice(inputs, size)
         else:
