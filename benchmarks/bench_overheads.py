@@ -3,7 +3,7 @@
 Prints, for each process and thread backend: the time to start its workers
 and run one chunk; the round trip of a one-item chunk minus the worker's
 measured compute (median and minimum of 200); and the per-chunk cost with
-many chunks in flight. These figures are the ``startup_s`` /
+many chunks in flight. These figures are the ``worker_startup_s`` /
 ``chunk_overhead_s`` class attributes of the backends.
 
 Run: ``python benchmarks/bench_overheads.py``
@@ -44,7 +44,8 @@ def main() -> None:
             f"{cls.name:6} start-up {startup * 1000:7.1f} ms | one-item round trip "
             f"median {statistics.median(trips) * 1e6:6.0f} us, min {min(trips) * 1e6:6.0f} us | "
             f"pipelined {pipelined * 1e6:6.0f} us per chunk | "
-            f"class figures: startup_s={cls.startup_s}, chunk_overhead_s={cls.chunk_overhead_s}"
+            f"class figures: worker_startup_s={cls.worker_startup_s}, "
+            f"chunk_overhead_s={cls.chunk_overhead_s}"
         )
 
 
