@@ -470,9 +470,9 @@ class ForkBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        from .._system import fork_is_available
+        from .._system import current_platform
 
-        if not fork_is_available():
+        if not current_platform().has_fork:
             return "start method 'fork' is not available (or not safe) on this platform"
         return None
 
