@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             serial_s,
         )
         assert results == expected
-        print(f"{'':48} (starting the workers took about {cold_s - warm_s:.2f} s of the cold run)")
+        ran = ex.decisions()[-1]
+        print(f"{'':48} this map ran on {ran.backend}: {ran.reasons[0]}")
 
     with SmartExecutor(backend="inline") as ex:
         _, results = _timed(
