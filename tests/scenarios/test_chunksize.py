@@ -153,3 +153,19 @@ def test_inline_run_moves_to_workers_when_items_turn_slow():
         moved = [d for d in ex.decisions() if "items inline" in d.reasons[0]]
         assert moved and moved[-1].backend == "fork", [str(d) for d in ex.decisions()]
         assert "its last map ran on fork" in str(ex.explain(fast_then_slow))
+
+
+def fail_at_15000(x):
+    if x == 15_000:
+        raise ValueError(x)
+    return x
+
+
+def test_inline_tail_raises_at_the_failing_item():
+    with SmartExecutor(2) as ex:
+        got = []
+        with pytest.raises(ValueError):
+            for value in ex.map(fail_at_15000, range(20_000)):
+                got.append(value)
+        assert ex.decisions()[-1].backend == "inline"
+    assert got == list(range(15_000))
