@@ -65,7 +65,7 @@ CHUNK_BUDGET_FACTOR = 4.0
 PROBE_S = 0.01
 
 #: The probe stops after this many items even if they took under PROBE_S.
-PROBE_MAX_ITEMS = 2_000
+PROBE_MAX_ITEMS = 500
 
 #: Never more items than this in one chunk: bounds the memory of the window.
 #: At 10,000 items a 150 us chunk overhead costs 15 ns per item.
