@@ -41,6 +41,7 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from .. import trampoline
+from .._blas import cap_in_this_process, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult, dumps, loads, remote_exception, run_chunk
@@ -61,9 +62,10 @@ MAX_STRONG_SHARED = 8
 _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
 
 
-def _worker_main(conn: Any, parent_pid: int) -> None:
+def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
     """Worker loop (runs in the forked child): receive a chunk, run it, reply."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cap_in_this_process(blas_threads)
     while True:
         try:
             if not conn.poll(PARENT_CHECK_S):
@@ -164,8 +166,14 @@ class _ForkPool:
             alive; called (under the backend's lock) before each fork.
     """
 
-    def __init__(self, max_workers: int, live_objects: Callable[[], Mapping[int, Any]]):
+    def __init__(
+        self,
+        max_workers: int,
+        live_objects: Callable[[], Mapping[int, Any]],
+        blas_threads: int = 1,
+    ):
         self._ctx = multiprocessing.get_context("fork")
+        self._blas_threads = blas_threads
         self._live_objects = live_objects
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -256,7 +264,7 @@ class _ForkPool:
             objects = self._live_objects()
         process = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, os.getpid()),
+            args=(child_conn, os.getpid(), self._blas_threads),
             name="smartexec-fork-worker",
         )
         with trampoline.forking(objects):
@@ -462,6 +470,7 @@ class ForkBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
+        self._cpu_count = cpu_count
         self._lock = threading.RLock()
         self._entries: dict[Hashable, _Entry] = {}
         self._pool: _ForkPool | None = None
@@ -541,7 +550,11 @@ class ForkBackend(Backend):
                     queued = pool.take_queued()
                     pool.shutdown(wait=False)
                     self._retired = [p for p in self._retired if not p.done] + [pool]
-                pool = self._pool = _ForkPool(self.max_workers, self._live_objects)
+                pool = self._pool = _ForkPool(
+                    self.max_workers,
+                    self._live_objects,
+                    threads_per_worker(self._cpu_count, self.max_workers),
+                )
                 if queued:
                     pool.adopt(queued)
             return pool

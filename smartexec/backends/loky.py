@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from .._blas import thread_env, threads_per_worker
 from .._remote import Call, ChunkResult, run_chunk
 from ._base import Backend
 
@@ -40,6 +41,7 @@ class LokyBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
+        self._blas_threads = threads_per_worker(cpu_count, self.max_workers)
         self._pool: Any = None  # created at the first chunk: a map may run inline
         # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
         self._pending: set[Future[ChunkResult]] = set()
@@ -49,7 +51,8 @@ class LokyBackend(Backend):
     def _new_pool(self) -> Any:
         from loky import ProcessPoolExecutor
 
-        return ProcessPoolExecutor(max_workers=self.max_workers)
+        # loky sets the environment before the worker imports anything.
+        return ProcessPoolExecutor(max_workers=self.max_workers, env=thread_env(self._blas_threads))
 
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None

@@ -265,3 +265,20 @@ def test_a_task_can_run_its_own_fork_executor():
     with SmartExecutor(2) as ex:
         assert ex.explain(outer.work).share
         assert list(ex.map(outer.work, [3, 4, 5])) == [7, 11, 16]
+
+
+def blas_thread_counts(_=None):
+    from threadpoolctl import threadpool_info
+
+    return sorted({info["num_threads"] for info in threadpool_info()})
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_process_workers_cap_blas_threads(backend):
+    from smartexec._blas import threads_per_worker
+    from smartexec._system import current_platform
+
+    with SmartExecutor(2, backend=backend) as ex:
+        counts = ex.submit(blas_thread_counts).result(timeout=60)
+    expected = threads_per_worker(current_platform().cpu_count, 2)
+    assert counts and max(counts) <= expected, counts
