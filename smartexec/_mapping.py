@@ -13,6 +13,11 @@
   position, and cancels every chunk still pending when the iterator is closed.
 
 Only the thread that iterates touches a stream, so it needs no lock.
+
+It also holds the inline side of a map: :class:`InlineRun` (time-bounded
+batches in the calling thread, measured), :func:`inline_batches` (the lazy
+rest of an inline map, re-deciding as it goes) and the iterators that hand
+results over without keeping them alive (:func:`drain`, :func:`stream_values`).
 """
 
 from __future__ import annotations
@@ -20,14 +25,25 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._remote import Call, ChunkResult
-from .tuning import Estimate, chunk_budget_s, chunksize, default_chunksize
+from ._remote import Call, ChunkResult, dumps
+from .tuning import PROBE_S, Estimate, Verdict, chunk_budget_s, chunksize, default_chunksize
 
-__all__ = ["ChunkStream", "default_buffersize"]
+__all__ = [
+    "ChunkStream",
+    "InlineRun",
+    "default_buffersize",
+    "common_length",
+    "drain",
+    "inline_batches",
+    "lazy_inline",
+    "measure_pickling",
+    "stream_values",
+    "then_raise",
+]
 
 Send = Callable[[list[Call], "float | None"], "Future[ChunkResult]"]
 
@@ -289,3 +305,145 @@ class InlineRun:
         self.items += len(results)
         self.elapsed_s += elapsed
         return results
+
+
+def common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
+    """The number of items ``zip(*iterables)`` yields, when all have a length."""
+    lengths = []
+    for iterable in iterables:
+        try:
+            lengths.append(len(iterable))  # type: ignore[arg-type]
+        except Exception:  # no length, or one too big for an index (range(10**20))
+            return None
+    return min(lengths) if lengths else 0
+
+
+#: Arguments and results pickled to measure the parent's per-item pickling cost.
+PICKLE_SAMPLE = 64
+
+
+def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
+    """Time pickling a sample of arguments and results; store the per-item cost."""
+    if not results:
+        return
+    begin = time.perf_counter()
+    try:
+        dumps((args, results))
+    except Exception:
+        return  # sending will raise a clear error later
+    # dumps here and loads on the other side: about twice the dumps time
+    estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(results)
+
+
+def drain(results: list[Any]) -> Iterator[Any]:
+    """Iterate ``results`` in order, dropping each one as it is handed out.
+
+    A list iterator would keep every result alive until the end (CPython's
+    test_free_reference checks that a result dies once the caller drops it).
+    Popping from the reversed list through ``starmap`` does it at C speed.
+    """
+    results.reverse()
+    return itertools.starmap(results.pop, itertools.repeat((), len(results)))
+
+
+def then_raise(results: list[Any], error: BaseException) -> Iterator[Any]:
+    """Yield ``results``, then raise ``error`` (an item's, at its position)."""
+    yield from drain(results)
+    raise error
+
+
+def lazy_inline(fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
+    yield from itertools.starmap(fn, inputs)
+
+
+def inline_batches(
+    prefix: list[Any],
+    run: InlineRun,
+    left: Callable[[], int | None],
+    verdict: Callable[[], Verdict],
+    switch: Callable[[str], ChunkStream],
+) -> Iterator[Iterator[Any]]:
+    """Yield lazy batches of inline results, re-deciding between batches.
+
+    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 16
+    items and grow fourfold up to ``TINY_BATCH`` (the estimate may be an older
+    map's): the caller pulls results straight through them, with no per-item
+    Python code. Slower items go one by one with a look at the
+    clock after each, so a batch never runs much past ``PROBE_S`` however
+    slow its items turn. Either way an item's exception surfaces at its
+    position. Between batches the estimate is updated from the time the batch
+    took (the caller's own per-item work included) and the verdict re-checked;
+    when items got slow enough, the rest goes to the workers (``switch``).
+    """
+    yield drain(prefix)
+    apply = itertools.starmap if run.star else map
+    inputs, estimate = run.inputs, run.estimate
+    size = 0
+    tiny = 16  # C-level batches start small: the estimate may come from an older map
+    start = time.perf_counter()
+    while True:
+        if size:
+            before = estimate.per_item_s or 0.0
+            estimate.observe(size, time.perf_counter() - start)
+            run.items += size
+            # A loop can only start losing when items get slower: re-check then.
+            if (estimate.per_item_s or 0.0) > 1.2 * before:
+                now = verdict()
+                if not now.inline:
+                    yield stream_values([], switch(now.reason))
+                    return
+        known = left()
+        if known is not None and known <= 0:
+            return
+        start = time.perf_counter()
+        if (estimate.per_item_s or PROBE_S) >= TINY_ITEM_S:
+            timed = _TimedItems(run, PROBE_S)
+            yield timed
+            size = timed.count
+            if size == 0:
+                return
+            continue
+        size = tiny if known is None else min(tiny, known)
+        tiny = min(TINY_BATCH, 4 * tiny)
+        if known is not None:  # a sized input: no need to peek for its end
+            batch: Iterator[Any] = itertools.islice(inputs, size)
+        else:
+            first = next(inputs, _END)
+            if first is _END:
+                return
+            batch = itertools.chain((first,), itertools.islice(inputs, size - 1))
+        yield apply(run.fn, batch)
+
+
+class _TimedItems:
+    """Run items one by one until ``seconds`` have passed; count them."""
+
+    def __init__(self, run: InlineRun, seconds: float):
+        self._run = run
+        self._deadline = time.perf_counter() + seconds
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        fn, star = self._run.fn, self._run.star
+        for item in self._run.inputs:
+            self.count += 1
+            yield fn(*item) if star else fn(item)
+            if time.perf_counter() >= self._deadline:
+                return
+
+
+_END = object()
+
+
+def stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
+    """Yield the probe's results, then each streamed outcome; raise at its position."""
+    try:
+        yield from drain(prefix)
+        for outcomes in stream.chunks():
+            outcomes.reverse()
+            while outcomes:
+                if not outcomes[-1][0]:
+                    raise outcomes.pop()[1]
+                yield outcomes.pop()[1]
+    finally:
+        stream.cancel()

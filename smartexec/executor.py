@@ -19,8 +19,21 @@ from typing import Any, Literal, TypeVar
 
 from ._diagnose import is_pickling_failure, pickling_error
 from ._identity import WeakCallable, identity_key
-from ._mapping import TINY_BATCH, TINY_ITEM_S, ChunkStream, InlineRun, default_buffersize
-from ._remote import Call, ChunkResult, dumps
+from ._mapping import (
+    PICKLE_SAMPLE,
+    TINY_ITEM_S,
+    ChunkStream,
+    InlineRun,
+    common_length,
+    default_buffersize,
+    drain,
+    inline_batches,
+    lazy_inline,
+    measure_pickling,
+    stream_values,
+    then_raise,
+)
+from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError
@@ -323,14 +336,14 @@ class SmartExecutor(Executor):
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0.")
         end_time = None if timeout is None else timeout + time.monotonic()
-        remaining = _common_length(iterables)
+        remaining = common_length(iterables)
         inputs = zip(*iterables)
         with self._lock:
             _check_open(self)
             decision, estimate = self._route(fn)
             backend = self._backend(decision.backend)
         if backend.synchronous:
-            return _lazy_inline(fn, inputs)
+            return lazy_inline(fn, inputs)
 
         # Callables shared by copy-on-write never run here: their writes to
         # their own state must stay in the workers, for every item alike.
@@ -368,16 +381,16 @@ class SmartExecutor(Executor):
                 (f"{why}: no items ran in this thread",),
                 stream,
             )
-            return _stream_values([], stream)
+            return stream_values([], stream)
 
         pickled = not backend.shares_memory
         star = len(iterables) != 1
         items: Iterator[Any] = inputs if star else iter(iterables[0])
         head: list[Any] = []
         if pickled and not star and isinstance(iterables[0], (list, tuple, range)):
-            head = [(x,) for x in iterables[0][:_PICKLE_SAMPLE]]  # a sample, not consumed
+            head = [(x,) for x in iterables[0][:PICKLE_SAMPLE]]  # a sample, not consumed
         elif pickled:
-            head = list(itertools.islice(items, _PICKLE_SAMPLE))
+            head = list(itertools.islice(items, PICKLE_SAMPLE))
             items = itertools.chain(head, items)
             head = head if star else [(x,) for x in head]
         run = InlineRun(fn, items, estimate, star)
@@ -386,7 +399,7 @@ class SmartExecutor(Executor):
         if measured_now:
             prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
             if pickled and prefix and run.error is None:
-                _measure_pickling(estimate, head[: len(prefix)], prefix[:_PICKLE_SAMPLE])
+                measure_pickling(estimate, head[: len(prefix)], prefix[:PICKLE_SAMPLE])
         del head
 
         def rest() -> Iterator[tuple[Any, ...]]:
@@ -411,7 +424,7 @@ class SmartExecutor(Executor):
             )
 
         if run.error is not None:
-            return _then_raise(prefix, run.error)
+            return then_raise(prefix, run.error)
         if run.exhausted:
             self._note(
                 decision,
@@ -423,12 +436,12 @@ class SmartExecutor(Executor):
                     f"{run.elapsed_s / max(run.items, 1) * 1e6:.2f} us per item",
                 ),
             )
-            return _drain(prefix)
+            return drain(prefix)
         first = verdict()
         if not first.inline:
             stream = open_stream(rest(), left())
             self._note(decision, estimate, decision.backend, (first.reason,), stream)
-            return _stream_values(prefix, stream)
+            return stream_values(prefix, stream)
         self._note(decision, estimate, "inline", (first.reason,))
 
         def switch(reason: str) -> ChunkStream:
@@ -450,10 +463,10 @@ class SmartExecutor(Executor):
             # (An estimate from an older map is re-checked: it may be stale.)
             rest_items = run.inputs
             return itertools.chain(
-                _drain(prefix),
+                drain(prefix),
                 (itertools.starmap if star else map)(fn, rest_items),
             )
-        return itertools.chain.from_iterable(_inline_batches(prefix, run, left, verdict, switch))
+        return itertools.chain.from_iterable(inline_batches(prefix, run, left, verdict, switch))
 
     def _open_stream(
         self,
@@ -558,145 +571,3 @@ class SmartExecutor(Executor):
         state = "shut down" if self._shutdown else "running"
         started = ", ".join(sorted(self._started)) or "none yet"
         return f"<SmartExecutor {state}; backends started: {started}>"
-
-
-def _common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
-    """The number of items ``zip(*iterables)`` yields, when all have a length."""
-    lengths = []
-    for iterable in iterables:
-        try:
-            lengths.append(len(iterable))  # type: ignore[arg-type]
-        except Exception:  # no length, or one too big for an index (range(10**20))
-            return None
-    return min(lengths) if lengths else 0
-
-
-#: Arguments and results pickled to measure the parent's per-item pickling cost.
-_PICKLE_SAMPLE = 64
-
-
-def _measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
-    """Time pickling a sample of arguments and results; store the per-item cost."""
-    if not results:
-        return
-    begin = time.perf_counter()
-    try:
-        dumps((args, results))
-    except Exception:
-        return  # sending will raise a clear error later
-    # dumps here and loads on the other side: about twice the dumps time
-    estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(results)
-
-
-def _drain(results: list[Any]) -> Iterator[Any]:
-    """Iterate ``results`` in order, dropping each one as it is handed out.
-
-    A list iterator would keep every result alive until the end (CPython's
-    test_free_reference checks that a result dies once the caller drops it).
-    Popping from the reversed list through ``starmap`` does it at C speed.
-    """
-    results.reverse()
-    return itertools.starmap(results.pop, itertools.repeat((), len(results)))
-
-
-def _then_raise(results: list[Any], error: BaseException) -> Iterator[Any]:
-    """Yield ``results``, then raise ``error`` (an item's, at its position)."""
-    yield from _drain(results)
-    raise error
-
-
-def _lazy_inline(fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
-    yield from itertools.starmap(fn, inputs)
-
-
-def _inline_batches(
-    prefix: list[Any],
-    run: InlineRun,
-    left: Callable[[], int | None],
-    verdict: Callable[[], Verdict],
-    switch: Callable[[str], ChunkStream],
-) -> Iterator[Iterator[Any]]:
-    """Yield lazy batches of inline results, re-deciding between batches.
-
-    Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 16
-    items and grow fourfold up to ``TINY_BATCH`` (the estimate may be an older
-    map's): the caller pulls results straight through them, with no per-item
-    Python code. Slower items go one by one with a look at the
-    clock after each, so a batch never runs much past ``PROBE_S`` however
-    slow its items turn. Either way an item's exception surfaces at its
-    position. Between batches the estimate is updated from the time the batch
-    took (the caller's own per-item work included) and the verdict re-checked;
-    when items got slow enough, the rest goes to the workers (``switch``).
-    """
-    yield _drain(prefix)
-    apply = itertools.starmap if run.star else map
-    inputs, estimate = run.inputs, run.estimate
-    size = 0
-    tiny = 16  # C-level batches start small: the estimate may come from an older map
-    start = time.perf_counter()
-    while True:
-        if size:
-            before = estimate.per_item_s or 0.0
-            estimate.observe(size, time.perf_counter() - start)
-            run.items += size
-            # A loop can only start losing when items get slower: re-check then.
-            if (estimate.per_item_s or 0.0) > 1.2 * before:
-                now = verdict()
-                if not now.inline:
-                    yield _stream_values([], switch(now.reason))
-                    return
-        known = left()
-        if known is not None and known <= 0:
-            return
-        start = time.perf_counter()
-        if (estimate.per_item_s or PROBE_S) >= TINY_ITEM_S:
-            timed = _timed_items(run, PROBE_S)
-            yield timed
-            size = timed.count
-            if size == 0:
-                return
-            continue
-        size = tiny if known is None else min(tiny, known)
-        tiny = min(TINY_BATCH, 4 * tiny)
-        if known is not None:  # a sized input: no need to peek for its end
-            batch: Iterator[Any] = itertools.islice(inputs, size)
-        else:
-            first = next(inputs, _END)
-            if first is _END:
-                return
-            batch = itertools.chain((first,), itertools.islice(inputs, size - 1))
-        yield apply(run.fn, batch)
-
-
-class _timed_items:
-    """Run items one by one until ``seconds`` have passed; count them."""
-
-    def __init__(self, run: InlineRun, seconds: float):
-        self._run = run
-        self._deadline = time.perf_counter() + seconds
-        self.count = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        fn, star = self._run.fn, self._run.star
-        for item in self._run.inputs:
-            self.count += 1
-            yield fn(*item) if star else fn(item)
-            if time.perf_counter() >= self._deadline:
-                return
-
-
-_END = object()
-
-
-def _stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
-    """Yield the probe's results, then each streamed outcome; raise at its position."""
-    try:
-        yield from _drain(prefix)
-        for outcomes in stream.chunks():
-            outcomes.reverse()
-            while outcomes:
-                if not outcomes[-1][0]:
-                    raise outcomes.pop()[1]
-                yield outcomes.pop()[1]
-    finally:
-        stream.cancel()
