@@ -84,6 +84,8 @@ class ChunkStream:
         end_time: ``time.monotonic()`` deadline for each wait, or None.
         on_chunk_error: maps a chunk-level exception (and the chunk's items)
             to the exception to raise, e.g. a clearer pickling error.
+        in_process: the backend runs chunks in this process (threads): until
+            an item is measured, chunks hold one item so results stream.
 
     The first window is sent by the constructor, so errors in sending (an
     argument that cannot be pickled) raise from ``map`` itself.
@@ -102,6 +104,7 @@ class ChunkStream:
         buffersize: int,
         end_time: float | None,
         on_chunk_error: Callable[[BaseException, list[Call]], BaseException],
+        in_process: bool = False,
     ):
         self._send = send
         self._calls = calls
@@ -113,6 +116,7 @@ class ChunkStream:
         self._buffersize = buffersize
         self._end_time = end_time
         self._on_chunk_error = on_chunk_error
+        self._in_process = in_process
         self._window: collections.deque[_Slot] = collections.deque()
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
@@ -131,7 +135,10 @@ class ChunkStream:
         if per_item is None:
             if self._remaining is None:
                 return 1, None
-            return default_chunksize(self._remaining, self._workers), None
+            return (
+                default_chunksize(self._remaining, self._workers, in_process=self._in_process),
+                None,
+            )
         size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)
         return size, chunk_budget_s(per_item, size)
 

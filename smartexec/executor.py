@@ -505,6 +505,7 @@ class SmartExecutor(Executor):
                 buffersize=buffersize or default_buffersize(backend.max_workers),
                 end_time=end_time,
                 on_chunk_error=explain_error,
+                in_process=backend.shares_memory,
             )
 
     map.__doc__ = (
