@@ -122,22 +122,17 @@ class Estimate:
         return f"Estimate({self.per_item_s * 1e6:.1f} us per item over {self.items} items)"
 
 
-def default_chunksize(
-    n_items: int, n_workers: int, *, in_process: bool = False, synchronous: bool = False
-) -> int:
+def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False) -> int:
     """Return a chunksize before anything is measured.
 
     Args:
         n_items: items in the map (int >= 0).
         n_workers: workers that run chunks (int >= 1).
         in_process: thread backend: one item per chunk, so results stream.
-        synchronous: inline backend: one chunk holds every item.
 
     Returns:
         An int >= 1: about :data:`CHUNKS_PER_WORKER` chunks per worker.
     """
-    if synchronous:
-        return max(1, n_items)
     if in_process or n_items <= 0:
         return 1
     return max(1, -(-n_items // (max(1, n_workers) * CHUNKS_PER_WORKER)))

@@ -47,7 +47,6 @@ def test_default_chunksize_before_measuring():
     assert default_chunksize(20_000, 2) == 2_500
     assert default_chunksize(3, 2) == 1
     assert default_chunksize(10_000, 4, in_process=True) == 1
-    assert default_chunksize(10_000, 4, synchronous=True) == 10_000
 
 
 def test_no_op_map_falls_back_to_inline(chunk_sizes):
