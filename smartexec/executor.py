@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import itertools
 import threading
 import time
@@ -37,6 +38,7 @@ from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError
+from .gil import GIL_PROBE_S, GilProfile, GilSampler, recall, recheck_due, remember
 from .inspection import inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .registry import get_backend_class
@@ -205,7 +207,7 @@ class SmartExecutor(Executor):
         cached = self._decisions.get(key)
         if cached is not None and cached[0].matches(fn):
             return cached[1], cached[2]
-        decision = decide(inspect_callable(fn), self._platform, self._options)
+        decision = decide(inspect_callable(fn), self._platform, self._options, recall(fn))
         estimate = Estimate()
         decisions = self._decisions  # the weakref callback must not hold self
         handle = WeakCallable(fn, lambda: decisions.pop(key, None))
@@ -245,24 +247,13 @@ class SmartExecutor(Executor):
                 f"its last map ran on {estimate.last_map.backend}: {estimate.last_map.reasons[0]}"
             )
         if notes:
-            decision = Decision(
-                decision.backend,
-                (*decision.reasons, *notes),
-                share=decision.share,
-                profile=decision.profile,
-            )
+            decision = dataclasses.replace(decision, reasons=(*decision.reasons, *notes))
         if args or kwargs:
             size = payload_size((args, kwargs))
             note = f"one call's arguments pickle to {size}"
             if self._check_available(decision.backend).shares_memory:
                 note += " (not pickled on this backend)"
-            decision = Decision(
-                decision.backend,
-                (*decision.reasons, note),
-                share=decision.share,
-                chunksize=decision.chunksize,
-                profile=decision.profile,
-            )
+            decision = dataclasses.replace(decision, reasons=(*decision.reasons, note))
         return decision
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
@@ -350,12 +341,15 @@ class SmartExecutor(Executor):
         # Threads start in microseconds and cost ~20 us a chunk, so measuring
         # in this thread first buys little there, and would block map() on
         # producer/consumer code (items that wait for the caller).
+        # A route that rests on whether the callable holds the GIL is measured
+        # on its first map, and again every GIL_RECHECK_MAPS maps.
+        gil_check = decision.measure or (decision.gil is not None and recheck_due(fn))
         auto = (
             chunksize is None
             and self._options.backend is None
             and timeout is None
             and not decision.share
-            and not backend.shares_memory
+            and (gil_check or not backend.shares_memory)
         )
 
         def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
@@ -396,10 +390,33 @@ class SmartExecutor(Executor):
         run = InlineRun(fn, items, estimate, star)
         prefix: list[Any] = []
         measured_now = estimate.per_item_s is None
-        if measured_now:
-            prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
-            if pickled and prefix and run.error is None:
-                measure_pickling(estimate, head[: len(prefix)], prefix[:PICKLE_SAMPLE])
+        sampler = GilSampler() if gil_check else None
+        try:
+            if sampler is not None:
+                sampler.start()
+            if measured_now or sampler is not None:
+                prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
+            if sampler is not None and self._worth_watching(run, estimate, backend, remaining):
+                # Watch long enough to tell.
+                while sampler.elapsed_s() < GIL_PROBE_S and len(prefix) < PROBE_MAX_ITEMS:
+                    prefix += run.batch(
+                        GIL_PROBE_S - sampler.elapsed_s(), PROBE_MAX_ITEMS - len(prefix)
+                    )
+                    if run.error is not None or run.exhausted:
+                        break
+                sampler.items = run.items
+                measured = sampler.stop()
+                if run.error is None:
+                    decision = self._measured(fn, decision, measured)
+                    with self._lock:
+                        _check_open(self)
+                        backend = self._backend(decision.backend)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+        # Pickling holds the GIL: measured only once the sampler has stopped.
+        if measured_now and pickled and prefix and run.error is None:
+            measure_pickling(estimate, head[: len(prefix)], prefix[:PICKLE_SAMPLE])
         del head
 
         def rest() -> Iterator[tuple[Any, ...]]:
@@ -411,8 +428,8 @@ class SmartExecutor(Executor):
         def verdict() -> Verdict:
             return inline_verdict(
                 per_item_s=estimate.per_item_s or 0.0,
-                pickle_parent_s=estimate.pickle_parent_s,
-                pickle_worker_s=estimate.pickle_parent_s,
+                pickle_parent_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
+                pickle_worker_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
                 remaining=left(),
                 n_workers=backend.max_workers,
                 startup_s=(
@@ -467,6 +484,40 @@ class SmartExecutor(Executor):
                 (itertools.starmap if star else map)(fn, rest_items),
             )
         return itertools.chain.from_iterable(inline_batches(prefix, run, left, verdict, switch))
+
+    def _worth_watching(
+        self, run: InlineRun, estimate: Estimate, backend: Backend, remaining: int | None
+    ) -> bool:
+        """Whether the first items of a map are worth a GIL measurement.
+
+        Not when the probe ended the map (an error, the end of the input) or
+        when the items are so small that the map will run inline anyway.
+        """
+        if run.error is not None or run.exhausted:
+            return False
+        left = None if remaining is None else remaining - run.items
+        return not inline_verdict(
+            per_item_s=estimate.per_item_s or 0.0,
+            pickle_parent_s=0.0,
+            pickle_worker_s=0.0,
+            remaining=left,
+            n_workers=backend.max_workers,
+            startup_s=0.0,
+            overhead_s=backend.chunk_overhead_s,
+        ).inline
+
+    def _measured(self, fn: Callable[..., Any], decision: Decision, gil: GilProfile) -> Decision:
+        """Decide again for ``fn`` with a GIL measurement; cache and log the result."""
+        assert decision.profile is not None
+        new = decide(decision.profile, self._platform, self._options, gil)
+        remember(fn, gil)
+        key = identity_key(fn)
+        with self._lock:
+            cached = self._decisions.get(key)
+            if cached is not None and cached[0].matches(fn):
+                self._decisions[key] = (cached[0], new, cached[2])
+            self._log.append(new)
+        return new
 
     def _open_stream(
         self,
@@ -543,12 +594,13 @@ class SmartExecutor(Executor):
     ) -> None:
         """Log what a map did, with its measured figures, before the policy's reasons."""
         size = stream.sizes[0] if stream is not None and stream.sizes else None
-        done = Decision(
-            backend,
-            (*reasons, *decision.reasons),
+        done = dataclasses.replace(
+            decision,
+            backend=backend,
+            reasons=(*reasons, *decision.reasons),
             share=decision.share and backend == decision.backend,
             chunksize=size,
-            profile=decision.profile,
+            measure=False,
         )
         estimate.last_map = done
         self._log.append(done)

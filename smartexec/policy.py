@@ -16,10 +16,17 @@ state over ``big_state_bytes``, fork avail.   fork        shared by copy-on-writ
 ``prefer="threads"``                          thread      the user's hint
 known GIL-releasing callable                  thread      no pickling, threads run in parallel
 free-threaded build (GIL disabled)            thread      threads run Python code in parallel
+measured: waits or computes without the GIL   thread      no pickling, threads run in parallel
 lambda / closure / nested / ``__main__``      loky        cloudpickle sends the code by value
 importable function, fork available           fork        real parallelism, fast worker start
 importable function, no fork                  loky        real parallelism
 ============================================  ==========  ==========================================
+
+The last three rows hold for a callable that holds the GIL, or that has not
+been measured yet: their decisions have ``measure=True``, and the first
+``map`` of the callable watches its first items in the calling thread
+(:mod:`smartexec.gil`) and decides again with the measurement. The user's
+``prefer=`` and ``backend=`` always win over a measurement.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ._system import Platform
+from .gil import GilProfile
 from .inspection import CallableProfile, format_bytes
 
 __all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
@@ -71,6 +79,10 @@ class Decision:
             size of its first chunk (later chunks follow the measurements);
             None for the policy's own decision and for inline runs.
         profile: the profile the decision was made from.
+        measure: True when a measurement of the callable's GIL use could
+            change the route (it was routed to processes because it may hold
+            the GIL, and it has not been measured).
+        gil: the measurement the decision used, or None.
     """
 
     backend: str
@@ -78,6 +90,8 @@ class Decision:
     share: bool = False
     chunksize: int | None = None
     profile: CallableProfile | None = field(default=None, compare=False)
+    measure: bool = False
+    gil: GilProfile | None = None
 
     def __str__(self) -> str:
         head = self.backend
@@ -105,7 +119,12 @@ def _describe(profile: CallableProfile) -> str:
     return f"{profile.name} is {kinds.get(profile.kind, profile.kind)}"
 
 
-def decide(profile: CallableProfile, platform: Platform, options: Options) -> Decision:
+def decide(
+    profile: CallableProfile,
+    platform: Platform,
+    options: Options,
+    measured: GilProfile | None = None,
+) -> Decision:
     """Choose the backend for ``profile`` on ``platform`` under ``options``.
 
     Pure: it reads only its arguments.
@@ -114,6 +133,8 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
         profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
         platform: what the host allows (see :func:`smartexec._system.current_platform`).
         options: what the user asked for.
+        measured: how the callable's first items used the CPU and the GIL
+            (see :mod:`smartexec.gil`), or None before any measurement.
 
     Returns:
         A :class:`Decision` whose ``reasons`` say why, in order.
@@ -196,14 +217,39 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
             profile=profile,
         )
 
+    # From here on the callable goes to processes because it may hold the GIL;
+    # a measurement (unless the user said prefer="processes") can say otherwise.
+    measurable = options.prefer is None
+    if measured is not None and measurable and measured.kind != "holds":
+        return Decision(
+            "thread",
+            (what, str(measured), "threads run it in parallel with no pickling"),
+            profile=profile,
+            gil=measured,
+        )
+    if options.prefer == "processes":
+        gil_reason = "prefer='processes' was given"
+    elif measured is not None:
+        gil_reason = str(measured)
+    else:
+        gil_reason = (
+            "it may hold the GIL, so processes run it in parallel (its first map "
+            "measures this and may move it to threads)"
+        )
+    measure = measurable and measured is None
+    gil = measured if measurable else None
+
     if not profile.by_reference:
         return Decision(
             "loky",
             (
                 what,
+                gil_reason,
                 "it cannot be pickled by reference; loky sends it by value with cloudpickle",
             ),
             profile=profile,
+            measure=measure,
+            gil=gil,
         )
 
     if platform.has_fork:
@@ -211,17 +257,23 @@ def decide(profile: CallableProfile, platform: Platform, options: Options) -> De
             "fork",
             (
                 what,
-                "it may hold the GIL, so processes run it in parallel; it pickles by reference",
-                "fork workers start in milliseconds with the parent's modules already imported",
+                gil_reason,
+                "it pickles by reference; fork workers start in milliseconds with the "
+                "parent's modules already imported",
             ),
             profile=profile,
+            measure=measure,
+            gil=gil,
         )
     return Decision(
         "loky",
         (
             what,
-            "it may hold the GIL, so processes run it in parallel; it pickles by reference",
-            f"start method 'fork' is not available here ({', '.join(platform.start_methods)})",
+            gil_reason,
+            f"it pickles by reference; start method 'fork' is not available here "
+            f"({', '.join(platform.start_methods)})",
         ),
         profile=profile,
+        measure=measure,
+        gil=gil,
     )

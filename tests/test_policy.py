@@ -92,3 +92,53 @@ def test_threshold_is_configurable():
 def test_decide_is_pure():
     prof = profile("closure", by_reference=False, state=BIG)
     assert decide(prof, LINUX, Options()) == decide(prof, LINUX, Options())
+
+
+# -- measured GIL use (smartexec.gil) -------------------------------------------
+
+from smartexec.gil import GilProfile  # noqa: E402
+
+WAITS = GilProfile("waits", 5, 0.05, 0.04, 0.0, 90)
+RELEASES = GilProfile("releases", 9, 0.05, 1.0, 0.06, 80)
+HOLDS = GilProfile("holds", 4, 0.06, 1.0, 0.87, 11)
+
+
+@pytest.mark.parametrize(
+    "prof, platform, options, measured, backend, measure",
+    [
+        # unmeasured GIL-holding candidates ask for a measurement
+        (profile("function"), LINUX, Options(), None, "fork", True),
+        (profile("lambda", by_reference=False), LINUX, Options(), None, "loky", True),
+        (profile("function"), NO_FORK, Options(), None, "loky", True),
+        # measured: waits / releases -> threads, holds -> processes
+        (profile("function"), LINUX, Options(), WAITS, "thread", False),
+        (profile("function"), LINUX, Options(), RELEASES, "thread", False),
+        (profile("lambda", by_reference=False), LINUX, Options(), RELEASES, "thread", False),
+        (profile("function"), LINUX, Options(), HOLDS, "fork", False),
+        (profile("closure", by_reference=False), LINUX, Options(), HOLDS, "loky", False),
+        (profile("function"), NO_FORK, Options(), HOLDS, "loky", False),
+        # the user's word wins over a measurement, and asks for none
+        (profile("function"), LINUX, Options(prefer="processes"), RELEASES, "fork", False),
+        (profile("function"), LINUX, Options(prefer="processes"), None, "fork", False),
+        (profile("function"), LINUX, Options(prefer="threads"), HOLDS, "thread", False),
+        (profile("function"), LINUX, Options(backend="loky"), RELEASES, "loky", False),
+        (profile("function"), LINUX, Options(backend="fork"), None, "fork", False),
+        # static answers need no measurement
+        (profile("builtin", gil_hint="sleeps"), LINUX, Options(), None, "thread", False),
+        (profile("function"), FREE_THREADED, Options(), None, "thread", False),
+        (profile("bound_method", state=BIG), LINUX, Options(), None, "fork", False),
+        (profile("bound_method", state=BIG), LINUX, Options(), RELEASES, "fork", False),
+    ],
+)
+def test_measured_gil_use_routes(prof, platform, options, measured, backend, measure):
+    decision = decide(prof, platform, options, measured)
+    assert decision.backend == backend, str(decision)
+    assert decision.measure is measure
+    if measured is not None and backend == "thread" and options == Options():
+        assert decision.gil is measured
+        assert str(measured) in decision.reasons
+
+
+def test_a_measured_decision_shows_its_evidence():
+    text = str(decide(profile("function"), LINUX, Options(), HOLDS))
+    assert "holding the GIL 87%" in text and "threads would take turns" in text

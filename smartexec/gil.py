@@ -1,0 +1,283 @@
+"""Measure whether a callable holds the GIL, waits, or computes without the GIL.
+
+Nothing in a function's name says whether it releases the GIL: a module-level
+function may loop in Python (threads take turns) or spend its time in numpy,
+hashlib, zlib or a system call (threads run in parallel). So the first items
+of a map are run in the calling thread while :class:`GilSampler` watches:
+
+* **CPU share**: the process's CPU time (``time.process_time``, so the
+  threads of a BLAS library count too) over the wall time, at most 1. An
+  item that sleeps or waits for I/O uses little CPU.
+* **GIL share**: a helper thread sleeps :data:`SAMPLE_PERIOD_S` at a time.
+  Waking up needs the GIL, so each wake-up is late by as long as the
+  measured thread keeps the GIL (up to the switch interval, 5 ms by
+  default). The late time summed over the wall time is the fraction of time
+  the GIL was held. The helper mostly sleeps, so it takes no core from the
+  measured work, and the items' results are real results, kept by the map.
+
+Measurements are kept for the process's lifetime, per callable and weakly
+(:func:`remember`, :func:`recall`), so a new executor or a
+``@parallel_map`` call does not measure the same callable again; every
+:data:`GIL_RECHECK_MAPS` maps it is measured afresh.
+
+Measured on the 2-core machine this was written on (GIL share, 3 runs of
+about 50 ms each, ``benchmarks/bench_gil.py`` workloads): a pure-Python loop
+0.86-0.88, numpy on 100-element arrays 0.87, a half Python / half
+``np.sort`` item 0.45-0.48; ``A @ A`` (600 x 600), ``np.sort`` of 1 M
+floats, ``sha256`` of 4 MiB, ``zlib.compress`` of 4 MiB, reading a file
+0.00-0.10; ``time.sleep`` has a CPU share of 0.00.
+
+:func:`classify` turns the two shares into one of three kinds; the policy
+(:func:`smartexec.policy.decide`) sends ``"waits"`` and ``"releases"`` to
+threads and ``"holds"`` to processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._identity import WeakCallable, identity_key
+
+__all__ = [
+    "GilKind",
+    "GilProfile",
+    "GilSampler",
+    "classify",
+    "recall",
+    "remember",
+    "recheck_due",
+    "forget",
+    "CPU_SHARE_WAITS",
+    "GIL_SHARE_HOLDS",
+    "GIL_PROBE_S",
+    "GIL_RECHECK_MAPS",
+    "SAMPLE_PERIOD_S",
+]
+
+GilKind = Literal["waits", "releases", "holds"]
+
+#: Below this CPU share an item mostly waits (sleep, I/O, a child process):
+#: threads overlap the waiting, whatever the item does with the GIL.
+CPU_SHARE_WAITS = 0.5
+
+#: At or above this GIL share an item is said to hold the GIL. Threads then
+#: reach at most ``1 / share`` cores' worth of work (3.3 at 0.3) and take
+#: turns on every GIL hand-over (up to the 5 ms switch interval), while
+#: processes scale with the cores. Measured shares fall far from it on
+#: both sides (see the module docstring).
+GIL_SHARE_HOLDS = 0.3
+
+#: Seconds the first items of a map are watched before a verdict, when the
+#: route depends on it. At 0.5 ms a sample this gives about 10 samples even
+#: when the GIL is held throughout (each then waits a switch interval).
+GIL_PROBE_S = 0.05
+
+#: A measured callable is measured again on every this many maps of it, in
+#: case its inputs changed (arrays that grew past numpy's GIL-release size,
+#: buffers that shrank under hashlib's 2 KiB).
+GIL_RECHECK_MAPS = 50
+
+#: Seconds the sampler sleeps between wake-ups.
+SAMPLE_PERIOD_S = 0.0005
+
+#: A wake-up later than this is the operating system's timer slack (about
+#: 50-70 us on Linux), not the GIL: only the part beyond it is counted.
+_SLACK_S = 0.0002
+
+
+def classify(cpu_share: float, gil_share: float) -> GilKind:
+    """Sort a measured callable into ``"waits"``, ``"releases"`` or ``"holds"``.
+
+    Pure.
+
+    Args:
+        cpu_share: the measured thread's CPU time over wall time (0..1).
+        gil_share: the fraction of wall time the GIL was held (0..1).
+
+    Returns:
+        ``"waits"`` when the CPU share is under :data:`CPU_SHARE_WAITS`,
+        else ``"holds"`` when the GIL share is at least
+        :data:`GIL_SHARE_HOLDS`, else ``"releases"``.
+    """
+    if cpu_share < CPU_SHARE_WAITS:
+        return "waits"
+    if gil_share >= GIL_SHARE_HOLDS:
+        return "holds"
+    return "releases"
+
+
+@dataclass(frozen=True)
+class GilProfile:
+    """What a measurement of a callable's first items found.
+
+    Attributes:
+        kind: ``"waits"``, ``"releases"`` or ``"holds"`` (see :func:`classify`).
+        items: items measured (int).
+        wall_s: seconds the measurement lasted.
+        cpu_share: the process's CPU time over ``wall_s``, at most 1.
+        gil_share: the fraction of ``wall_s`` the GIL was held (0..1).
+        samples: wake-ups of the sampling thread (int).
+    """
+
+    kind: GilKind
+    items: int
+    wall_s: float
+    cpu_share: float
+    gil_share: float
+    samples: int
+
+    def __str__(self) -> str:
+        figures = (
+            f"measured over {self.items} item{'s' if self.items != 1 else ''} "
+            f"({self.wall_s * 1000:.0f} ms): on the CPU {self.cpu_share:.0%} of the time, "
+            f"holding the GIL {self.gil_share:.0%} of it"
+        )
+        meaning = {
+            "waits": "it mostly waits (I/O, sleep, a child process)",
+            "releases": "it computes without the GIL (numpy, hashlib, zlib ... on big data)",
+            "holds": "it holds the GIL, so threads would take turns",
+        }[self.kind]
+        return f"{figures} -> {meaning}"
+
+
+class GilSampler:
+    """Watch the process's CPU share and the GIL between ``start`` and ``stop``.
+
+    The work measured runs in the thread that calls ``start()`` and
+    ``stop()``; ``stop()`` joins the sampling thread, so no thread of ours
+    outlives a measurement (a fork started afterwards sees one thread).
+
+    Attributes:
+        items: set by the caller to the number of items run while watched.
+    """
+
+    def __init__(self, period_s: float = SAMPLE_PERIOD_S):
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._late_s = 0.0
+        self._samples = 0
+        self._start_wall = 0.0
+        self._start_cpu = 0.0
+        self._result: GilProfile | None = None
+        self.items = 0
+
+    def _sample(self) -> None:
+        period, clock, sleep = self._period_s, time.perf_counter, time.sleep
+        stopped = self._stop.is_set
+        while not stopped():
+            before = clock()
+            sleep(period)
+            late = clock() - before - period - _SLACK_S
+            if late > 0.0:
+                self._late_s += late
+            self._samples += 1
+
+    def start(self) -> None:
+        """Start watching (starts the sampling thread)."""
+        self._thread = threading.Thread(target=self._sample, name="smartexec-gil", daemon=True)
+        self._start_wall = time.perf_counter()
+        self._start_cpu = time.process_time()
+        self._thread.start()
+
+    def elapsed_s(self) -> float:
+        """Seconds since :meth:`start`."""
+        return time.perf_counter() - self._start_wall
+
+    def stop(self) -> GilProfile:
+        """Stop watching; join the sampling thread and return the figures.
+
+        Idempotent: a second call joins nothing and returns the figures again.
+
+        Returns:
+            A :class:`GilProfile` for the items run since :meth:`start`.
+        """
+        if self._result is not None:
+            return self._result
+        cpu = time.process_time() - self._start_cpu
+        wall = max(time.perf_counter() - self._start_wall, 1e-9)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        cpu_share = min(1.0, cpu / wall)
+        gil_share = min(1.0, self._late_s / wall)
+        self._result = GilProfile(
+            classify(cpu_share, gil_share), self.items, wall, cpu_share, gil_share, self._samples
+        )
+        return self._result
+
+
+class _Measured:
+    __slots__ = ("handle", "profile", "maps")
+
+    def __init__(self, profile: GilProfile):
+        self.handle: WeakCallable | None = None
+        self.profile = profile
+        self.maps = 0
+
+
+_measured: dict[Hashable, _Measured] = {}
+_measured_lock = threading.Lock()
+
+
+def _forget(key: Hashable, entry: _Measured) -> Callable[[], None]:
+    # Runs from a weakref callback, maybe inside the garbage collector while
+    # this thread holds _measured_lock: so no lock here (dict calls are atomic).
+    def forget() -> None:
+        if _measured.get(key) is entry:
+            _measured.pop(key, None)
+
+    return forget
+
+
+def remember(fn: Callable[..., Any], profile: GilProfile) -> None:
+    """Keep ``profile`` as ``fn``'s measurement while ``fn`` lives.
+
+    Callables that cannot be weakly referenced are not kept (a cache must
+    never keep a user's object alive).
+    """
+    key = identity_key(fn)
+    entry = _Measured(profile)
+    entry.handle = WeakCallable(fn, _forget(key, entry))
+    if entry.handle.weak:
+        with _measured_lock:
+            _measured[key] = entry
+
+
+def _entry(fn: Callable[..., Any]) -> _Measured | None:
+    entry = _measured.get(identity_key(fn))
+    if entry is None or entry.handle is None or not entry.handle.matches(fn):
+        return None
+    return entry
+
+
+def recall(fn: Callable[..., Any]) -> GilProfile | None:
+    """Return ``fn``'s last measurement, or None."""
+    entry = _entry(fn)
+    return None if entry is None else entry.profile
+
+
+def recheck_due(fn: Callable[..., Any]) -> bool:
+    """Count one map of ``fn``; True on every :data:`GIL_RECHECK_MAPS`-th since its measurement."""
+    with _measured_lock:
+        entry = _entry(fn)
+        if entry is None:
+            return True
+        entry.maps += 1
+        return entry.maps >= GIL_RECHECK_MAPS
+
+
+def forget(fn: Callable[..., Any] | None = None) -> None:
+    """Drop ``fn``'s measurement (every measurement when ``fn`` is None).
+
+    The next executor that routes ``fn`` measures it again on its first map.
+    """
+    with _measured_lock:
+        if fn is None:
+            _measured.clear()
+        else:
+            _measured.pop(identity_key(fn), None)
