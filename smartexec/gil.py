@@ -144,12 +144,36 @@ class GilProfile:
         return f"{figures} -> {meaning}"
 
 
+def _sched() -> tuple[float, float] | None:
+    """The calling thread's seconds on a CPU and seconds queued for one.
+
+    Linux reports both in ``/proc/self/task/<tid>/schedstat`` (nanoseconds:
+    time on a CPU, time runnable but waiting for one); None where that file
+    cannot be read.
+    """
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class GilSampler:
     """Watch the process's CPU share and the GIL between ``start`` and ``stop``.
 
     The work measured runs in the thread that calls ``start()`` and
     ``stop()``; ``stop()`` joins the sampling thread, so no thread of ours
     outlives a measurement (a fork started afterwards sees one thread).
+
+    A busy machine makes both threads wait for a CPU now and then, which
+    would look like waiting (a lower CPU share) and like a held GIL (late
+    wake-ups). On Linux the time each thread spent queued for a CPU is read
+    from ``/proc/self/task/<tid>/schedstat`` and taken out of both figures:
+    the CPU share is counted over the time the measured thread was not
+    queued, the sampler's own queueing is not counted as late, and the GIL
+    share is counted over the time the measured thread ran or was queued
+    (it may hold the GIL then), not the time it slept.
 
     Attributes:
         items: set by the caller to the number of items run while watched.
@@ -160,15 +184,18 @@ class GilSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._late_s = 0.0
+        self._sampler_queued_s = 0.0
         self._samples = 0
         self._start_wall = 0.0
         self._start_cpu = 0.0
+        self._start_sched: tuple[float, float] | None = None
         self._result: GilProfile | None = None
         self.items = 0
 
     def _sample(self) -> None:
         period, clock, sleep = self._period_s, time.perf_counter, time.sleep
         stopped = self._stop.is_set
+        first = _sched()
         while not stopped():
             before = clock()
             sleep(period)
@@ -176,12 +203,16 @@ class GilSampler:
             if late > 0.0:
                 self._late_s += late
             self._samples += 1
+        last = _sched()
+        if first is not None and last is not None:
+            self._sampler_queued_s = last[1] - first[1]
 
     def start(self) -> None:
         """Start watching (starts the sampling thread)."""
         self._thread = threading.Thread(target=self._sample, name="smartexec-gil", daemon=True)
         self._start_wall = time.perf_counter()
         self._start_cpu = time.process_time()
+        self._start_sched = _sched()
         self._thread.start()
 
     def elapsed_s(self) -> float:
@@ -200,11 +231,19 @@ class GilSampler:
             return self._result
         cpu = time.process_time() - self._start_cpu
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
+        end = _sched()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        cpu_share = min(1.0, cpu / wall)
-        gil_share = min(1.0, self._late_s / wall)
+        late = max(0.0, self._late_s - self._sampler_queued_s)
+        if self._start_sched is not None and end is not None:
+            on_cpu = end[0] - self._start_sched[0]
+            queued = end[1] - self._start_sched[1]
+            cpu_share = min(1.0, cpu / max(wall - queued, 1e-9))
+            gil_share = min(1.0, late / max(on_cpu + queued, wall * 0.05))
+        else:
+            cpu_share = min(1.0, cpu / wall)
+            gil_share = min(1.0, late / wall)
         self._result = GilProfile(
             classify(cpu_share, gil_share), self.items, wall, cpu_share, gil_share, self._samples
         )
