@@ -33,3 +33,62 @@ def lognormal_durations(n, mean_s=0.001, sigma=1.0, seed=0):
     """Heavy-tailed durations with the given mean (fixed seed)."""
     mu = np.log(mean_s) - sigma**2 / 2
     return np.random.default_rng(seed).lognormal(mu, sigma, n).tolist()
+
+
+# -- GIL workloads (benchmarks/bench_gil.py; issue 4) ---------------------------
+
+
+def python_loop(n):
+    """Pure-Python loop: holds the GIL throughout."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def matrix_product(a):
+    return float((a @ a).sum())
+
+
+def sort_median(a):
+    return float(np.sort(a)[len(a) // 2])
+
+
+def sha256_hex(data):
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def compressed_size(data):
+    import zlib
+
+    return len(zlib.compress(data))
+
+
+def sleep_10ms(i):
+    time.sleep(0.01)
+    return i
+
+
+def file_size(path):
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def half_python_half_numpy(args):
+    """About half the time in a Python loop, half in ``np.sort`` (sized by the caller)."""
+    n, a = args
+    return python_loop(n) + float(np.sort(a)[0])
+
+
+def loop_size_for(seconds):
+    """Iterations of :func:`python_loop` that take about ``seconds`` here."""
+    n = 20_000
+    while True:
+        start = time.perf_counter()
+        python_loop(n)
+        took = time.perf_counter() - start
+        if took > 0.005:
+            return max(1, int(n * seconds / took))
+        n *= 2

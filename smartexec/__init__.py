@@ -14,6 +14,7 @@ from .errors import (
     BackendUnavailableError,
     PayloadPicklingError,
     RemoteError,
+    TaskTimeoutError,
     UnknownBackendError,
     WorkerCrashedError,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "available_backends",
     "PayloadPicklingError",
     "WorkerCrashedError",
+    "TaskTimeoutError",
     "RemoteError",
     "UnknownBackendError",
     "BackendUnavailableError",

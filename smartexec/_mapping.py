@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ._remote import Call, ChunkResult, dumps
+from .errors import TaskTimeoutError, WorkerCrashedError
 from .tuning import PROBE_S, Estimate, Verdict, chunk_budget_s, chunksize, default_chunksize
 
 __all__ = [
@@ -60,12 +61,13 @@ def default_buffersize(n_workers: int) -> int:
 class _Slot:
     """Consecutive items sent as one chunk; part of it may be re-sent."""
 
-    __slots__ = ("calls", "outcomes", "future")
+    __slots__ = ("calls", "outcomes", "future", "retries")
 
-    def __init__(self, calls: list[Call], future: Future[ChunkResult]):
+    def __init__(self, calls: list[Call], future: Future[ChunkResult], retries: int = 0):
         self.calls = calls  # the items with no outcome yet
         self.outcomes: list[tuple[bool, Any]] = []
         self.future = future
+        self.retries = retries  # re-sends left after a worker death
 
 
 class ChunkStream:
@@ -86,6 +88,16 @@ class ChunkStream:
             to the exception to raise, e.g. a clearer pickling error.
         in_process: the backend runs chunks in this process (threads): until
             an item is measured, chunks hold one item so results stream.
+        max_retries: times an item is sent again after its worker died
+            (:class:`~smartexec.errors.WorkerCrashedError`).
+
+    When a chunk of several items fails as a whole — its worker died, or it
+    ran past the ``task_timeout`` — the stream cannot tell which item was to
+    blame, so it sends the chunk's items again one per chunk (a timed-out
+    chunk always, a crashed one when ``max_retries`` allows): the culprit
+    then fails alone, at its own position, and the others get their results.
+    Those items run twice, side effects included. Otherwise the chunk's
+    error is raised at the position of its first item.
 
     The first window is sent by the constructor, so errors in sending (an
     argument that cannot be pickled) raise from ``map`` itself.
@@ -105,6 +117,7 @@ class ChunkStream:
         end_time: float | None,
         on_chunk_error: Callable[[BaseException, list[Call]], BaseException],
         in_process: bool = False,
+        max_retries: int = 0,
     ):
         self._send = send
         self._calls = calls
@@ -117,6 +130,7 @@ class ChunkStream:
         self._end_time = end_time
         self._on_chunk_error = on_chunk_error
         self._in_process = in_process
+        self._max_retries = max_retries
         self._window: collections.deque[_Slot] = collections.deque()
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
@@ -153,7 +167,7 @@ class ChunkStream:
                 self._exhausted = True
             if self._remaining is not None:
                 self._remaining -= len(chunk)
-            self._window.append(_Slot(chunk, self._send(chunk, budget)))
+            self._window.append(_Slot(chunk, self._send(chunk, budget), self._max_retries))
             self.sizes.append(len(chunk))
 
     def _absorb(self, slot: _Slot) -> None:
@@ -164,6 +178,8 @@ class ChunkStream:
         except BaseException as exc:
             if future.cancelled():
                 raise
+            if self._recover(slot, exc):
+                return
             raise self._on_chunk_error(exc, slot.calls) from exc
         done = len(result.outcomes)
         if self._estimate is not None:
@@ -173,6 +189,25 @@ class ChunkStream:
         if slot.calls:
             per_item = result.compute_s / max(done, 1)
             slot.future = self._send(slot.calls, chunk_budget_s(per_item, len(slot.calls)))
+
+    def _recover(self, slot: _Slot, exc: BaseException) -> bool:
+        """Re-send a failed chunk's items where the failure allows; True if done so."""
+        crashed = isinstance(exc, WorkerCrashedError)
+        if not (crashed or isinstance(exc, TaskTimeoutError)):
+            return False
+        if len(slot.calls) > 1 and (not crashed or slot.retries > 0):
+            # Which item was it? Send each alone, right after this slot.
+            retries = slot.retries - crashed
+            singles = [_Slot([call], self._send([call], None), retries) for call in slot.calls]
+            slot.calls = []
+            for offset, single in enumerate(singles, start=1):
+                self._window.insert(offset, single)
+            return True
+        if crashed and slot.retries > 0:
+            slot.retries -= 1
+            slot.future = self._send(slot.calls, None)
+            return True
+        return False
 
     def _resend_partials(self) -> None:
         for slot in self._window:

@@ -13,7 +13,24 @@ import os
 import sys
 from dataclasses import dataclass
 
-__all__ = ["Platform", "current_platform", "usable_cpu_count", "fork_is_available"]
+__all__ = [
+    "Platform",
+    "current_platform",
+    "usable_cpu_count",
+    "fork_is_available",
+    "mark_worker_process",
+    "WORKER_ENV",
+]
+
+#: Set to "1" in the environment of every smartexec worker process (and so
+#: of the processes it starts).
+WORKER_ENV = "SMARTEXEC_WORKER"
+
+
+def mark_worker_process() -> None:
+    """Mark this process as a smartexec worker (called first thing in a worker)."""
+    os.environ[WORKER_ENV] = "1"
+    current_platform.cache_clear()
 
 
 @dataclass(frozen=True)
@@ -26,12 +43,16 @@ class Platform:
         cpu_count: CPUs this process may use (affinity and cgroup quota applied).
         gil_enabled: False on a free-threaded build running without the GIL.
         python: ``sys.version_info[:2]``.
+        in_worker: this process is a smartexec worker (``SMARTEXEC_WORKER=1``
+            in its environment): an executor created inside a task runs
+            process work inline rather than oversubscribing the cores.
     """
 
     start_methods: tuple[str, ...]
     cpu_count: int
     gil_enabled: bool
     python: tuple[int, int]
+    in_worker: bool = False
 
     @property
     def has_fork(self) -> bool:
@@ -85,4 +106,5 @@ def current_platform() -> Platform:
         cpu_count=usable_cpu_count(),
         gil_enabled=True if gil_check is None else bool(gil_check()),
         python=(sys.version_info[0], sys.version_info[1]),
+        in_worker=os.environ.get(WORKER_ENV) == "1",
     )

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "PayloadPicklingError",
     "WorkerCrashedError",
+    "TaskTimeoutError",
     "RemoteError",
     "RemoteTraceback",
     "UnknownBackendError",
@@ -60,6 +61,26 @@ class WorkerCrashedError(BrokenProcessPool):
     def __init__(self, message: str, *, exitcode: int | None = None):
         super().__init__(message)
         self.exitcode = exitcode
+
+
+class TaskTimeoutError(TimeoutError):
+    """A task ran longer than its ``task_timeout``.
+
+    On process backends that can stop a task (``fork``) its worker was killed
+    and replaced, so nothing else was affected. On the thread backend the
+    call cannot be stopped: the future fails at the deadline while the call
+    runs on in its thread. A subclass of the builtin ``TimeoutError``, which
+    is ``concurrent.futures.TimeoutError`` from Python 3.11 on.
+
+    Attributes:
+        timeout_s: the limit that was passed, seconds.
+        items: how many items the timed-out chunk held.
+    """
+
+    def __init__(self, message: str, *, timeout_s: float, items: int = 1):
+        super().__init__(message)
+        self.timeout_s = timeout_s
+        self.items = items
 
 
 class RemoteTraceback(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import inspect
 import itertools
 import threading
 import time
@@ -37,8 +38,17 @@ from ._mapping import (
 from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .backends._base import Backend
-from .errors import BackendUnavailableError
-from .gil import GIL_PROBE_S, GilProfile, GilSampler, recall, recheck_due, remember
+from .errors import BackendUnavailableError, WorkerCrashedError
+from .gil import (
+    GIL_MIN_ITEM_S,
+    GIL_PROBE_MAX_ITEMS,
+    GIL_PROBE_S,
+    GilProfile,
+    GilSampler,
+    recall,
+    recheck_due,
+    remember,
+)
 from .inspection import inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .registry import get_backend_class
@@ -64,6 +74,44 @@ def _mark_interpreter_exit() -> None:
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
 
 
+def _check_task_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"task_timeout must be a number of seconds or None, got {value!r} "
+            f"({type(value).__qualname__})"
+        )
+    if not value > 0:
+        raise ValueError(f"task_timeout must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _takes_timeouts(backend: Any) -> bool:
+    """Whether a backend's ``submit_chunk`` accepts ``timeout_s``."""
+    try:
+        return "timeout_s" in inspect.signature(backend.submit_chunk).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _send(
+    backend: Backend,
+    target: Any,
+    calls: list[Call],
+    budget_s: float | None,
+    timeout_s: float | None,
+) -> Future[ChunkResult]:
+    if timeout_s is None:
+        return backend.submit_chunk(target, calls, budget_s)
+    return backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A worker death: the call itself may well succeed on a fresh worker."""
+    return isinstance(exc, WorkerCrashedError)
+
+
 def _check_open(executor: SmartExecutor) -> None:
     if executor._shutdown:
         raise RuntimeError("cannot schedule new futures after shutdown")
@@ -74,14 +122,41 @@ def _check_open(executor: SmartExecutor) -> None:
 class _CallFuture(Future):  # type: ignore[type-arg]
     """The future ``submit`` returns; completed from its one-call chunk."""
 
-    def __init__(self, inner: Future[ChunkResult], fn: Any, call: Call, backend: str):
+    def __init__(
+        self,
+        inner: Future[ChunkResult],
+        fn: Any,
+        call: Call,
+        backend: str,
+        resend: Callable[[], Future[ChunkResult]] | None = None,
+        retries: int = 0,
+    ):
         super().__init__()
         self._inner: Future[ChunkResult] | None = inner
         self._origin: tuple[Any, Call, str] | None = (fn, call, backend)
+        self._resend = resend
+        self._retries = retries
         inner.add_done_callback(self._transfer)
 
     def _transfer(self, inner: Future[ChunkResult]) -> None:
-        origin, self._origin, self._inner = self._origin, None, None
+        if (
+            self._retries > 0
+            and self._resend is not None
+            and not inner.cancelled()
+            and _retryable(inner.exception())  # type: ignore[arg-type]
+        ):
+            self._retries -= 1
+            try:
+                retry = self._resend()
+            except BaseException as exc:  # e.g. the executor shut down meanwhile
+                self._origin = self._inner = self._resend = None
+                Future.set_running_or_notify_cancel(self)
+                self.set_exception(exc)
+                return
+            self._inner = retry
+            retry.add_done_callback(self._transfer)
+            return
+        origin, self._origin, self._inner, self._resend = self._origin, None, None, None
         if inner.cancelled():
             Future.cancel(self)
             self.set_running_or_notify_cancel()
@@ -150,6 +225,8 @@ class SmartExecutor(Executor):
         backend: str | None = None,
         prefer: Literal["threads", "processes"] | None = None,
         big_state_bytes: int = BIG_STATE_BYTES,
+        task_timeout: float | None = None,
+        max_retries: int = 0,
     ):
         if max_workers is not None:
             if isinstance(max_workers, bool) or not isinstance(max_workers, int):
@@ -176,10 +253,32 @@ class SmartExecutor(Executor):
                 f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, "
                 f"got {prefer!r}"
             )
+        task_timeout = _check_task_timeout(task_timeout)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int):
+            raise TypeError(
+                f"max_retries must be an int, got {max_retries!r} "
+                f"({type(max_retries).__qualname__})"
+            )
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backend is not None:
-            self._check_available(backend)
+            factory = self._check_available(backend)
+            if task_timeout is not None and not _takes_timeouts(factory):
+                raise ValueError(
+                    f"backend {backend!r} cannot stop or time out one task, so "
+                    f"task_timeout={task_timeout:g} cannot be honoured there; use "
+                    f'backend="fork" (stops the task) or backend="thread" (fails the '
+                    f"future at the deadline), or leave backend unset"
+                )
         self._platform = current_platform()
-        self._options = Options(backend=backend, prefer=prefer, big_state_bytes=big_state_bytes)
+        self._options = Options(
+            backend=backend,
+            prefer=prefer,
+            big_state_bytes=big_state_bytes,
+            stoppable=task_timeout is not None,
+        )
+        self._task_timeout = task_timeout
+        self._max_retries = max_retries
         self._max_workers = max_workers
         self._lock = threading.RLock()
         self._shutdown = False
@@ -215,6 +314,31 @@ class SmartExecutor(Executor):
             decisions[key] = (handle, decision, estimate)
         self._log.append(decision)
         return decision, estimate
+
+    def _with_timeout(self, decision: Decision, task_timeout: float | None) -> Decision:
+        """Move a decision to a backend that can time out one task, if needed.
+
+        Raises:
+            ValueError: the user forced a backend that cannot time out a task.
+        """
+        if task_timeout is None or _takes_timeouts(get_backend_class(decision.backend)):
+            return decision
+        if self._options.backend is not None:
+            raise ValueError(
+                f"backend {decision.backend!r} cannot time out one task; use "
+                f'backend="fork" or backend="thread" for task_timeout'
+            )
+        target = "fork" if self._platform.has_fork else "thread"
+        return dataclasses.replace(
+            decision,
+            backend=target,
+            share=decision.share and target == "fork",
+            reasons=(
+                *decision.reasons,
+                f"task_timeout={task_timeout:g} s: {decision.backend} cannot time out one "
+                f"task, {target} can",
+            ),
+        )
 
     def _backend(self, name: str) -> Backend:
         backend = self._backends.get(name)
@@ -292,11 +416,18 @@ class SmartExecutor(Executor):
             _check_open(self)
             decision, _ = self._route(fn)
             backend = self._backend(decision.backend)
+            decision = self._with_timeout(decision, self._task_timeout)
+            backend = self._backend(decision.backend)
             target = backend.prepare(fn, decision.share)
             call: Call = (args, kwargs)
-            inner = backend.submit_chunk(target, [call])
+            timeout_s = self._task_timeout
+
+            def send() -> Future[ChunkResult]:
+                return _send(backend, target, [call], None, timeout_s)
+
+            inner = send()
             self._started.add(backend.name)
-        return _CallFuture(inner, fn, call, backend.name)
+        return _CallFuture(inner, fn, call, backend.name, send, self._max_retries)
 
     submit.__doc__ = (
         (Executor.submit.__doc__ or "")
@@ -316,6 +447,7 @@ class SmartExecutor(Executor):
         timeout: float | None = None,
         chunksize: int | None = None,
         buffersize: int | None = None,
+        task_timeout: float | None = None,
     ) -> Iterator[T]:
         for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -326,12 +458,16 @@ class SmartExecutor(Executor):
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0.")
+        task_timeout = _check_task_timeout(task_timeout)
+        if task_timeout is None:
+            task_timeout = self._task_timeout
         end_time = None if timeout is None else timeout + time.monotonic()
         remaining = common_length(iterables)
         inputs = zip(*iterables)
         with self._lock:
             _check_open(self)
             decision, estimate = self._route(fn)
+            decision = self._with_timeout(decision, task_timeout)
             backend = self._backend(decision.backend)
         if backend.synchronous:
             return lazy_inline(fn, inputs)
@@ -348,13 +484,23 @@ class SmartExecutor(Executor):
             chunksize is None
             and self._options.backend is None
             and timeout is None
+            and task_timeout is None
             and not decision.share
             and (gil_check or not backend.shares_memory)
         )
 
         def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
             return self._open_stream(
-                fn, decision, estimate, backend, rest, left, chunksize, buffersize, end_time
+                fn,
+                decision,
+                estimate,
+                backend,
+                rest,
+                left,
+                chunksize,
+                buffersize,
+                end_time,
+                task_timeout,
             )
 
         if not auto:
@@ -366,7 +512,11 @@ class SmartExecutor(Executor):
                 if self._options.backend is not None
                 else "timeout given"
                 if timeout is not None
+                else "task_timeout given"
+                if task_timeout is not None
                 else "shared by copy-on-write"
+                if decision.share
+                else "threads measure in the workers"
             )
             self._note(
                 decision,
@@ -398,15 +548,16 @@ class SmartExecutor(Executor):
                 prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
             if sampler is not None and self._worth_watching(run, estimate, backend, remaining):
                 # Watch long enough to tell.
-                while sampler.elapsed_s() < GIL_PROBE_S and len(prefix) < PROBE_MAX_ITEMS:
+                while sampler.elapsed_s() < GIL_PROBE_S and len(prefix) < GIL_PROBE_MAX_ITEMS:
                     prefix += run.batch(
-                        GIL_PROBE_S - sampler.elapsed_s(), PROBE_MAX_ITEMS - len(prefix)
+                        GIL_PROBE_S - sampler.elapsed_s(), GIL_PROBE_MAX_ITEMS - len(prefix)
                     )
                     if run.error is not None or run.exhausted:
                         break
                 sampler.items = run.items
                 measured = sampler.stop()
-                if run.error is None:
+                # Too short a watch (the input ran out) is no evidence to keep.
+                if run.error is None and measured.wall_s >= GIL_PROBE_S / 2:
                     decision = self._measured(fn, decision, measured)
                     with self._lock:
                         _check_open(self)
@@ -490,10 +641,14 @@ class SmartExecutor(Executor):
     ) -> bool:
         """Whether the first items of a map are worth a GIL measurement.
 
-        Not when the probe ended the map (an error, the end of the input) or
-        when the items are so small that the map will run inline anyway.
+        Not when the probe ended the map (an error, the end of the input), nor
+        for items under :data:`~smartexec.gil.GIL_MIN_ITEM_S` (a process pool
+        seldom pays there, and they would mostly run inline), nor when the
+        map will run inline anyway.
         """
         if run.error is not None or run.exhausted:
+            return False
+        if (estimate.per_item_s or 0.0) < GIL_MIN_ITEM_S:
             return False
         left = None if remaining is None else remaining - run.items
         return not inline_verdict(
@@ -530,6 +685,7 @@ class SmartExecutor(Executor):
         chunksize: int | None,
         buffersize: int | None,
         end_time: float | None,
+        task_timeout: float | None = None,
     ) -> ChunkStream:
         """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now."""
         with self._lock:
@@ -538,7 +694,7 @@ class SmartExecutor(Executor):
             self._started.add(backend.name)
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
-                return backend.submit_chunk(target, calls, budget_s)
+                return _send(backend, target, calls, budget_s, task_timeout)
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
                 if is_pickling_failure(exc):
@@ -557,6 +713,7 @@ class SmartExecutor(Executor):
                 end_time=end_time,
                 on_chunk_error=explain_error,
                 in_process=backend.shares_memory,
+                max_retries=self._max_retries,
             )
 
     map.__doc__ = (
@@ -619,6 +776,30 @@ class SmartExecutor(Executor):
         no worker process outlives a ``shutdown(wait=True)``. Idempotent.
         """
     )
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> bool | None:
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            # Ctrl-C (KeyboardInterrupt) or SystemExit: stop now rather than
+            # wait for chunks nobody will read.
+            self.terminate()
+            return False
+        return super().__exit__(exc_type, exc_val, exc_tb)
+
+    def terminate(self) -> None:
+        """Shut down now: cancel pending work and kill process workers mid-task.
+
+        What a ``with`` block does when it ends by ``KeyboardInterrupt`` or
+        ``SystemExit``. Chunks running on process workers fail with
+        :class:`~smartexec.errors.WorkerCrashedError`; threads cannot be
+        stopped, so calls running on the thread backend run on. Returns once
+        every worker process is gone. Idempotent; afterwards the executor
+        refuses new work, as after :meth:`shutdown`.
+        """
+        with self._lock:
+            self._shutdown = True
+            backends = list(self._backends.values())
+        for backend in backends:
+            backend.terminate()
 
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "running"

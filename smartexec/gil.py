@@ -54,6 +54,8 @@ __all__ = [
     "CPU_SHARE_WAITS",
     "GIL_SHARE_HOLDS",
     "GIL_PROBE_S",
+    "GIL_PROBE_MAX_ITEMS",
+    "GIL_MIN_ITEM_S",
     "GIL_RECHECK_MAPS",
     "SAMPLE_PERIOD_S",
 ]
@@ -75,6 +77,15 @@ GIL_SHARE_HOLDS = 0.3
 #: route depends on it. At 0.5 ms a sample this gives about 10 samples even
 #: when the GIL is held throughout (each then waits a switch interval).
 GIL_PROBE_S = 0.05
+
+#: Items faster than this (seconds) are not measured: per item, a process
+#: pool's pickling and pipes cost a few microseconds, so such maps mostly run
+#: inline, and GIL-releasing work that small is rare.
+GIL_MIN_ITEM_S = 20e-6
+
+#: Most items run while watching (their results are held until the map
+#: yields them): 50 ms of items of 2.5 us or more.
+GIL_PROBE_MAX_ITEMS = 20_000
 
 #: A measured callable is measured again on every this many maps of it, in
 #: case its inputs changed (arrays that grew past numpy's GIL-release size,

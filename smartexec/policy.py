@@ -31,7 +31,7 @@ been measured yet: their decisions have ``measure=True``, and the first
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ._system import Platform
@@ -59,11 +59,14 @@ class Options:
             ``backend`` and than state that must not be pickled.
         big_state_bytes: state above this many bytes is shared by
             copy-on-write where fork is available.
+        stoppable: the user set a ``task_timeout``: process work goes to a
+            backend that can stop one task (fork) rather than loky.
     """
 
     backend: str | None = None
     prefer: Literal["threads", "processes"] | None = None
     big_state_bytes: int = BIG_STATE_BYTES
+    stoppable: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,46 @@ def _describe(profile: CallableProfile) -> str:
 
 
 def decide(
+    profile: CallableProfile,
+    platform: Platform,
+    options: Options,
+    measured: GilProfile | None = None,
+) -> Decision:
+    """Choose the backend for ``profile`` on ``platform`` under ``options``.
+
+    Pure: it reads only its arguments. See :func:`_decide` for the table;
+    inside a smartexec worker process (``platform.in_worker``), work the
+    table sends to processes runs inline instead: the outer executor's
+    workers already use the cores.
+    """
+    decision = _decide(profile, platform, options, measured)
+    if platform.in_worker and options.backend is None and decision.backend in ("fork", "loky"):
+        return replace(
+            decision,
+            backend="inline",
+            share=False,
+            measure=False,
+            reasons=(
+                *decision.reasons,
+                "this process is itself a smartexec worker: the outer executor's workers "
+                "already use the cores, so this nested work runs inline",
+            ),
+        )
+    if options.stoppable and options.backend is None and decision.backend == "loky":
+        if platform.has_fork:
+            return replace(
+                decision,
+                backend="fork",
+                reasons=(
+                    *decision.reasons,
+                    "task_timeout is set: fork workers (which send code by value with "
+                    "cloudpickle too) can be stopped one at a time; loky's cannot",
+                ),
+            )
+    return decision
+
+
+def _decide(
     profile: CallableProfile,
     platform: Platform,
     options: Options,

@@ -35,6 +35,9 @@ class Backend(abc.ABC):
         distributed: workers may run on other machines.
         synchronous: chunks run in the submitting thread before
             ``submit_chunk`` returns (inline).
+        stops_tasks: the backend honours ``submit_chunk(timeout_s=...)`` by
+            stopping the chunk (killing its worker). The executor routes
+            callables with a ``task_timeout`` to such a backend where it can.
         worker_startup_s: seconds to start one worker, for the cost model of
             :mod:`smartexec.tuning` (measured by benchmarks/bench_overheads.py).
         chunk_overhead_s: seconds of dispatch per chunk (pickling, pipes,
@@ -52,6 +55,7 @@ class Backend(abc.ABC):
     copy_on_write: ClassVar[bool] = False
     distributed: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False
+    stops_tasks: ClassVar[bool] = False
     worker_startup_s: ClassVar[float] = 0.0
     chunk_overhead_s: ClassVar[float] = 0.0
 
@@ -94,6 +98,12 @@ class Backend(abc.ABC):
                 may stop after this many seconds and return outcomes for a
                 prefix of the chunk only; None runs the whole chunk.
 
+        The executor passes a keyword ``timeout_s`` (seconds the chunk may
+        run once started) only when the user set a ``task_timeout``; a
+        backend that accepts it fails the future with
+        :class:`~smartexec.errors.TaskTimeoutError` at the deadline (and
+        sets ``stops_tasks`` when it also stops the work).
+
         Returns:
             A ``concurrent.futures.Future``. Cancelling it before it runs
             cancels the chunk.
@@ -102,6 +112,16 @@ class Backend(abc.ABC):
             smartexec.errors.PayloadPicklingError: ``fn`` or an argument cannot
                 be sent to the workers (backends that pickle eagerly).
         """
+
+    def terminate(self) -> None:
+        """Stop now (Ctrl-C): cancel chunks not started, stop running ones if possible.
+
+        Called by ``SmartExecutor`` when a ``with`` block ends with
+        ``KeyboardInterrupt`` or ``SystemExit``. The default cancels what has
+        not started and returns without waiting; process backends override it
+        to kill their workers.
+        """
+        self.shutdown(wait=False, cancel_futures=True)
 
     @abc.abstractmethod
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

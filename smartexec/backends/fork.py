@@ -33,6 +33,7 @@ import multiprocessing.util  # noqa: F401 - its atexit hook must be registered b
 import os
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
@@ -45,7 +46,8 @@ from .._blas import cap_in_this_process, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult, dumps, loads, remote_exception, run_chunk
-from ..errors import PayloadPicklingError, RemoteError, WorkerCrashedError
+from .._system import mark_worker_process
+from ..errors import PayloadPicklingError, RemoteError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -65,6 +67,7 @@ _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
 def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
     """Worker loop (runs in the forked child): receive a chunk, run it, reply."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mark_worker_process()
     cap_in_this_process(blas_threads)
     while True:
         try:
@@ -139,22 +142,33 @@ def _exit_description(exitcode: int | None) -> str:
 
 
 class _Task:
-    __slots__ = ("future", "payload", "keepalive", "name")
+    __slots__ = ("future", "payload", "keepalive", "name", "timeout_s", "items")
 
-    def __init__(self, future: Future[ChunkResult], payload: bytes, keepalive: Any, name: str):
+    def __init__(
+        self,
+        future: Future[ChunkResult],
+        payload: bytes,
+        keepalive: Any,
+        name: str,
+        timeout_s: float | None = None,
+        items: int = 1,
+    ):
         self.future = future
         self.payload: bytes | None = payload
         self.keepalive = keepalive  # the shared callable, alive until the chunk ends
         self.name = name
+        self.timeout_s = timeout_s
+        self.items = items
 
 
 class _Worker:
-    __slots__ = ("process", "conn", "task")
+    __slots__ = ("process", "conn", "task", "deadline")
 
     def __init__(self, process: Any, conn: Any):
         self.process = process
         self.conn = conn
         self.task: _Task | None = None
+        self.deadline: float | None = None  # time.monotonic() when its chunk times out
 
 
 class _ForkPool:
@@ -198,12 +212,19 @@ class _ForkPool:
 
     # -- called from any thread ------------------------------------------------
 
-    def submit(self, payload: bytes, keepalive: Any, name: str) -> Future[ChunkResult]:
+    def submit(
+        self,
+        payload: bytes,
+        keepalive: Any,
+        name: str,
+        timeout_s: float | None = None,
+        items: int = 1,
+    ) -> Future[ChunkResult]:
         future: Future[ChunkResult] = Future()
         with self._lock:
             if self._closing:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.append(_Task(future, payload, keepalive, name))
+            self._queue.append(_Task(future, payload, keepalive, name, timeout_s, items))
         self._wake()
         return future
 
@@ -244,6 +265,25 @@ class _ForkPool:
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def terminate(self, grace_s: float = 0.0) -> None:
+        """Cancel queued chunks; kill workers still running after ``grace_s`` seconds.
+
+        Their chunks fail with :class:`~smartexec.errors.WorkerCrashedError`.
+        """
+        self.shutdown(wait=False, cancel_futures=True)
+        if self._thread is threading.current_thread():
+            return
+        self._thread.join(grace_s)
+        if self._thread.is_alive():
+            with self._lock:
+                self._queue.clear()  # nothing more may start
+            for worker in list(self._workers):
+                try:
+                    worker.process.kill()
+                except (OSError, ValueError, AttributeError):
+                    pass  # already gone or closed
+            self._thread.join()
 
     def _wake(self) -> None:
         # Under the lock: once the dispatcher has closed the pipe, its fd number
@@ -320,15 +360,39 @@ class _ForkPool:
                     return
             busy = [w.conn for w in self._workers if w.task is not None]
             sentinels = [w.process.sentinel for w in self._workers]
-            ready = set(wait_for([self._wake_r, *busy, *sentinels]))
+            deadlines = [w.deadline for w in self._workers if w.deadline is not None]
+            wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+            ready = set(wait_for([self._wake_r, *busy, *sentinels], wait_s))
             if self._wake_r in ready:
                 os.read(self._wake_r, 65536)
             for worker in list(self._workers):
                 if worker.task is not None and worker.conn in ready:
                     self._receive(worker)
+            if deadlines:
+                self._stop_overdue()
             for worker in list(self._workers):
                 if worker.process.sentinel in ready:
                     self._bury(worker)
+
+    def _stop_overdue(self) -> None:
+        """Kill each worker whose chunk ran past its timeout; fail that chunk."""
+        now = time.monotonic()
+        for worker in self._workers:
+            task = worker.task
+            if task is None or worker.deadline is None or worker.deadline > now:
+                continue
+            worker.task, worker.deadline = None, None
+            worker.process.kill()  # its sentinel fires next: _bury replaces it
+            timeout_s = task.timeout_s or 0.0
+            task.future.set_exception(
+                TaskTimeoutError(
+                    f"{task.name} ran longer than its task_timeout of {timeout_s:g} s "
+                    f"(a chunk of {task.items} item{'s' if task.items != 1 else ''}); its "
+                    f"worker process (pid {worker.process.pid}) was killed and replaced",
+                    timeout_s=timeout_s,
+                    items=task.items,
+                )
+            )
 
     def _next_task(self) -> _Task | None:
         with self._lock:
@@ -354,13 +418,15 @@ class _ForkPool:
                 # The worker died before taking it; _bury hands it to the next.
                 continue
             task.payload = None
+            if task.timeout_s is not None:
+                worker.deadline = time.monotonic() + task.timeout_s
 
     def _receive(self, worker: _Worker) -> None:
         try:
             data = worker.conn.recv_bytes()
         except (EOFError, OSError):
             return  # the worker died; _bury reports it
-        task, worker.task = worker.task, None
+        task, worker.task, worker.deadline = worker.task, None, None
         assert task is not None
         try:
             status, value = loads(data)
@@ -383,7 +449,7 @@ class _ForkPool:
         exitcode = worker.process.exitcode
         self._workers.remove(worker)
         worker.conn.close()
-        task, worker.task = worker.task, None
+        task, worker.task, worker.deadline = worker.task, None, None
         if task is not None:
             if task.payload is not None:  # never sent: give it to another worker
                 with self._lock:
@@ -463,6 +529,7 @@ class ForkBackend(Backend):
     name = "fork"
     pickles_closures = True
     copy_on_write = True
+    stops_tasks = True
     #: Source: benchmarks/bench_overheads.py (7 ms for 2 workers; 120-150 us
     #: per one-item chunk; 2-core machine, 2026-11-29).
     worker_startup_s = 0.004
@@ -560,8 +627,20 @@ class ForkBackend(Backend):
             return pool
 
     def submit_chunk(
-        self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
+        self,
+        fn: Any,
+        chunk: Sequence[Call],
+        budget_s: float | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> Future[ChunkResult]:
+        """Queue a chunk; with ``timeout_s``, kill its worker if it runs longer.
+
+        See :meth:`Backend.submit_chunk`. A chunk over ``timeout_s`` seconds
+        (counted from when a worker takes it) fails with
+        :class:`~smartexec.errors.TaskTimeoutError`; its worker is killed and
+        replaced.
+        """
         if isinstance(fn, _Prepared):
             target, keepalive, token = fn.ref, fn.fn, fn.ref.token
             name = fn.ref.name
@@ -574,7 +653,9 @@ class ForkBackend(Backend):
                 keepalive if keepalive is not None else fn, chunk, exc, self.name
             ) from exc
         with self._lock:  # no other thread may retire the pool in between
-            return self._pool_covering(token).submit(payload, keepalive, name)
+            return self._pool_covering(token).submit(
+                payload, keepalive, name, timeout_s, len(chunk)
+            )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -583,12 +664,26 @@ class ForkBackend(Backend):
         for pool in pools:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
+    def terminate(self) -> None:
+        """Stop now: cancel queued chunks and kill the workers running chunks."""
+        with self._lock:
+            self._closed = True
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.terminate()
+
 
 def _shutdown_all_pools() -> None:
-    """At interpreter exit: let every pool of this process finish and stop."""
+    """At interpreter exit: cancel queued chunks, give running ones a moment, stop.
+
+    Nothing can receive a result any more (every non-daemon thread has
+    ended), so queued chunks are cancelled, running chunks get
+    :data:`STOP_TIMEOUT_S` seconds, and workers still busy are then killed:
+    a forgotten ``shutdown()`` never holds the interpreter's exit.
+    """
     for pool in list(_LIVE_POOLS):
         if pool._pid == os.getpid():
-            pool.shutdown(wait=True)
+            pool.terminate(STOP_TIMEOUT_S)
 
 
 def _after_fork_in_child() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from .._blas import thread_env, threads_per_worker
 from .._remote import Call, ChunkResult, run_chunk
+from .._system import WORKER_ENV
 from ._base import Backend
 
 __all__ = ["LokyBackend"]
@@ -52,7 +53,9 @@ class LokyBackend(Backend):
         from loky import ProcessPoolExecutor
 
         # loky sets the environment before the worker imports anything.
-        return ProcessPoolExecutor(max_workers=self.max_workers, env=thread_env(self._blas_threads))
+        return ProcessPoolExecutor(
+            max_workers=self.max_workers, env={**thread_env(self._blas_threads), WORKER_ENV: "1"}
+        )
 
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
@@ -93,3 +96,14 @@ class LokyBackend(Backend):
         if pool is not None:
             # kill_workers=False lets running chunks finish, as the stdlib does.
             pool.shutdown(wait=wait, kill_workers=False)
+
+    def terminate(self) -> None:
+        """Stop now: cancel chunks not started and kill loky's workers."""
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+            pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True, kill_workers=True)

@@ -7,11 +7,13 @@ workers share the caller's memory.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from .._remote import Call, ChunkResult, run_chunk
+from ..errors import TaskTimeoutError
 from ._base import Backend
 
 __all__ = ["ThreadBackend"]
@@ -37,9 +39,72 @@ class ThreadBackend(Backend):
         return min(32, cpu_count + 4)
 
     def submit_chunk(
-        self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
+        self,
+        fn: Any,
+        chunk: Sequence[Call],
+        budget_s: float | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> Future[ChunkResult]:
-        return self._pool.submit(run_chunk, fn, chunk, False, budget_s)
+        """Run a chunk on a pool thread; see :meth:`Backend.submit_chunk`.
+
+        A thread cannot be stopped: with ``timeout_s``, the returned future
+        fails with :class:`~smartexec.errors.TaskTimeoutError` once the
+        chunk has run that many seconds, and the call runs on in its thread
+        (holding that worker) until it returns; its result is dropped.
+        """
+        if timeout_s is None:
+            return self._pool.submit(run_chunk, fn, chunk, False, budget_s)
+        outer: Future[ChunkResult] = Future()
+        inner = self._pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s)
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        return outer
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _run_with_deadline(
+    outer: Future[ChunkResult],
+    fn: Any,
+    chunk: Sequence[Call],
+    budget_s: float | None,
+    timeout_s: float,
+) -> None:
+    if not outer.set_running_or_notify_cancel():
+        return
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+
+    def expire() -> None:
+        try:
+            outer.set_exception(
+                TaskTimeoutError(
+                    f"{name} ran longer than its task_timeout of {timeout_s:g} s on a "
+                    f"thread; threads cannot be stopped, so the call runs on until it "
+                    f"returns (its result is dropped)",
+                    timeout_s=timeout_s,
+                    items=len(chunk),
+                )
+            )
+        except InvalidStateError:
+            pass  # finished just in time
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        result = run_chunk(fn, chunk, False, budget_s)
+    except BaseException as exc:
+        result = None
+        error: BaseException | None = exc
+    else:
+        error = None
+    finally:
+        timer.cancel()
+    try:
+        if error is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass  # timed out already

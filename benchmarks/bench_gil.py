@@ -1,0 +1,149 @@
+"""GIL-aware routing: SmartExecutor against threads, processes and joblib.
+
+For each workload of issue 4, runs in one process, side by side:
+
+* serial loop (the baseline: speed-ups are over it);
+* ``ThreadPoolExecutor()`` (default workers, as SmartExecutor's thread route);
+* ``ProcessPoolExecutor`` (fork, one worker per CPU), the best of
+  chunksize 1 and ``len(items) / (4 * workers)``;
+* joblib ``Parallel(n_jobs=workers)`` (loky, ``batch_size="auto"``);
+* ``SmartExecutor()`` with no options: a new executor per run and the GIL
+  measurement forgotten first, so every run pays for measuring the
+  callable's first items (about 50 ms in the calling thread).
+
+Data reach the workers as arguments (each item its own array or buffer), as
+in ``map(np.sort, arrays)``: a process pool pickles them, threads do not.
+Each contender runs each workload ``--rounds`` times; the median is kept.
+Prints per workload: seconds, speed-up over serial, ratio to the best
+contender (1.00 = the best; higher is better), and SmartExecutor's route.
+
+Run: ``python benchmarks/bench_gil.py [--workers 2] [--rounds 3] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _workloads as w  # noqa: E402
+
+from smartexec import SmartExecutor, gil  # noqa: E402
+
+
+def workloads(scale, tmpdir):
+    rng = np.random.default_rng(0)
+    n = lambda k: max(4, int(k * scale))  # noqa: E731
+    sort_array = rng.random(1 << 20)
+    start = time.perf_counter()
+    np.sort(sort_array)
+    half_loop = w.loop_size_for(time.perf_counter() - start)
+    paths = []
+    for i in range(16):
+        path = os.path.join(tmpdir, f"file{i}.bin")
+        with open(path, "wb") as f:
+            f.write(os.urandom(4 << 20))
+        paths.append(path)
+    blocks = [os.urandom(4 << 20) for _ in range(n(32))]
+    text = [(b"%d smartexec " % i) * (4 << 20 // 14) for i in range(n(24))]
+    return [
+        ("python loop, 10 ms", w.python_loop, [w.loop_size_for(0.01)] * n(100)),
+        (
+            "matmul 700x700 (3.9 MB)",
+            w.matrix_product,
+            [rng.random((700, 700)) for _ in range(n(64))],
+        ),
+        ("np.sort 1 M floats (8 MB)", w.sort_median, [rng.random(1 << 20) for _ in range(n(48))]),
+        ("sha256 of 4 MiB", w.sha256_hex, blocks * 3),
+        ("zlib.compress 4 MiB", w.compressed_size, text),
+        ("time.sleep(0.01)", w.sleep_10ms, list(range(n(100)))),
+        ("read a 4 MiB file", w.file_size, paths * n(16)),
+        ("50/50 loop + np.sort", w.half_python_half_numpy, [(half_loop, sort_array)] * n(48)),
+    ]
+
+
+def timed(run, *args):
+    start = time.perf_counter()
+    result = run(*args)
+    return time.perf_counter() - start, result
+
+
+def process_pool(fn, items, workers, chunksize):
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(fn, items, chunksize=chunksize))
+
+
+def smart(fn, items, route):
+    gil.forget()
+    with SmartExecutor() as ex:
+        out = list(ex.map(fn, items))
+        route.append(ex.explain(fn).backend)
+    return out
+
+
+def contenders(workers, n_items):
+    from joblib import Parallel, delayed
+
+    big_chunk = max(1, n_items // (4 * workers))
+    return {
+        "serial": lambda fn, items, _: [fn(x) for x in items],
+        "threads": lambda fn, items, _: list(ThreadPoolExecutor().map(fn, items)),
+        "processes c=1": lambda fn, items, _: process_pool(fn, items, workers, 1),
+        f"processes c={big_chunk}": lambda fn, items, _: process_pool(
+            fn, items, workers, big_chunk
+        ),
+        "joblib": lambda fn, items, _: Parallel(n_jobs=workers)(delayed(fn)(x) for x in items),
+        "smartexec": smart,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the items, 1 round")
+    args = parser.parse_args(argv)
+    rounds = 1 if args.quick else args.rounds
+    print(f"{os.cpu_count()} CPUs, {args.workers} process workers, median of {rounds} round(s)")
+    from joblib import Parallel, delayed
+
+    Parallel(n_jobs=args.workers)(delayed(abs)(i) for i in range(4))  # warm joblib's workers
+    worst = float("inf")
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for name, fn, items in workloads(0.25 if args.quick else 1.0, tmpdir):
+            expected = [fn(x) for x in items]
+            rows, route = {}, []
+            for label, run in contenders(args.workers, len(items)).items():
+                times = []
+                for _ in range(rounds):
+                    t, out = timed(run, fn, items, route)
+                    # BLAS sums in another order with fewer threads: compare floats loosely
+                    assert out == expected or np.allclose(out, expected), (name, label)
+                    times.append(t)
+                rows[label] = statistics.median(times)
+            serial = rows["serial"]
+            processes = min(t for label, t in rows.items() if label.startswith("processes"))
+            best = min(rows["threads"], processes, rows["joblib"], rows["smartexec"])
+            print(
+                f"\n{name}  ({len(items)} items; smartexec chose {', '.join(sorted(set(route)))})"
+            )
+            for label, t in rows.items():
+                print(
+                    f"  {label:18s} {t:7.3f} s   {serial / t:5.2f}x serial   "
+                    f"{best / t:5.2f} of best"
+                )
+            worst = min(worst, best / rows["smartexec"])
+    print(f"\nsmartexec's lowest ratio to the best contender: {worst:.2f}")
+
+
+if __name__ == "__main__":
+    main()
