@@ -78,3 +78,42 @@ def run_python(
             f"child interpreter did not finish in {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}"
         ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def session_processes(sid: int) -> dict[int, str]:
+    """Return pid -> command line of every live process in session ``sid``.
+
+    A child started with ``start_new_session=True`` leads its own session, and
+    its workers stay in it even when orphaned (re-parented to init), so this
+    finds leftovers after the child itself has exited.
+    """
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found[int(entry)] = cmd
+    return found
+
+
+def start_python(code: str) -> subprocess.Popen:
+    """Start ``code`` in a fresh interpreter, in a new session, stdout piped."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )

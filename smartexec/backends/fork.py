@@ -377,12 +377,15 @@ class _ForkPool:
     def _stop_overdue(self) -> None:
         """Kill each worker whose chunk ran past its timeout; fail that chunk."""
         now = time.monotonic()
-        for worker in self._workers:
+        for worker in list(self._workers):
             task = worker.task
             if task is None or worker.deadline is None or worker.deadline > now:
                 continue
             worker.task, worker.deadline = None, None
-            worker.process.kill()  # its sentinel fires next: _bury replaces it
+            worker.process.kill()
+            # Bury it now, so that no chunk is sent to it before its sentinel fires.
+            worker.process.join(STOP_TIMEOUT_S)
+            self._bury(worker)
             timeout_s = task.timeout_s or 0.0
             task.future.set_exception(
                 TaskTimeoutError(

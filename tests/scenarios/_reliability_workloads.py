@@ -1,0 +1,60 @@
+"""Workloads for the reliability tests (importable, so they pickle by reference)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+def kill_self_at(i, victim=3):
+    """Item ``victim`` SIGKILLs its own worker; the others sleep 50 ms and return."""
+    if i == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+    return i
+
+
+def kill_self_once(i, marker):
+    """SIGKILL the worker the first time (``marker`` file absent), succeed after."""
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    return i
+
+
+def sleep_then_return(seconds):
+    time.sleep(seconds)
+    return seconds, os.getpid()
+
+
+class NeedsArgs(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+def raise_needs_args(code):
+    raise NeedsArgs(code, "boom")
+
+
+def return_a_lock():
+    return threading.Lock()
+
+
+def fail(i):
+    raise ValueError(f"item {i}")
+
+
+def square(x):
+    return x * x
+
+
+def nested_map(n):
+    from smartexec import SmartExecutor
+
+    with SmartExecutor() as ex:
+        results = list(ex.map(square, range(n)))
+        return results, ex.explain(square).backend, len(ex.decisions())
