@@ -54,7 +54,7 @@ def workloads(scale, tmpdir):
             f.write(os.urandom(4 << 20))
         paths.append(path)
     blocks = [os.urandom(4 << 20) for _ in range(n(32))]
-    text = [(b"%d smartexec " % i) * (4 << 20 // 14) for i in range(n(24))]
+    text = [(b"%d smartexec " % i) * ((4 << 20) // 14) for i in range(n(24))]
     return [
         ("python loop, 10 ms", w.python_loop, [w.loop_size_for(0.01)] * n(100)),
         (

@@ -44,10 +44,10 @@ from .gil import (
     GIL_PROBE_MAX_ITEMS,
     GIL_PROBE_S,
     GilProfile,
-    GilSampler,
     recall,
     recheck_due,
     remember,
+    watch,
 )
 from .inspection import inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
@@ -540,33 +540,22 @@ class SmartExecutor(Executor):
         run = InlineRun(fn, items, estimate, star)
         prefix: list[Any] = []
         measured_now = estimate.per_item_s is None
-        sampler = GilSampler() if gil_check else None
-        try:
-            if sampler is not None:
-                sampler.start()
-            if measured_now or sampler is not None:
-                prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
-            if sampler is not None and self._worth_watching(run, estimate, backend, remaining):
-                # Watch long enough to tell.
-                while sampler.elapsed_s() < GIL_PROBE_S and len(prefix) < GIL_PROBE_MAX_ITEMS:
-                    prefix += run.batch(
-                        GIL_PROBE_S - sampler.elapsed_s(), GIL_PROBE_MAX_ITEMS - len(prefix)
-                    )
-                    if run.error is not None or run.exhausted:
-                        break
-                sampler.items = run.items
-                measured = sampler.stop()
-                # Too short a watch (the input ran out) is no evidence to keep.
-                if run.error is None and measured.wall_s >= GIL_PROBE_S / 2:
-                    decision = self._measured(fn, decision, measured)
-                    with self._lock:
-                        _check_open(self)
-                        backend = self._backend(decision.backend)
-        finally:
-            if sampler is not None:
-                sampler.stop()
-        # Pickling holds the GIL: measured only once the sampler has stopped.
-        if measured_now and pickled and prefix and run.error is None:
+        if measured_now or gil_check:
+            prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
+        if gil_check and self._worth_watching(run, estimate, backend, remaining):
+            # Run the next items on two threads while sampling the GIL.
+            watched = watch(fn, run.inputs, star, max_items=GIL_PROBE_MAX_ITEMS)
+            prefix += watched.results
+            run.items += len(watched.results)
+            run.elapsed_s += watched.profile.wall_s
+            run.error, run.exhausted = watched.error, watched.exhausted
+            # Too short a watch (the input ran out) is no evidence to keep.
+            if run.error is None and watched.profile.wall_s >= GIL_PROBE_S / 2:
+                decision = self._measured(fn, decision, watched.profile)
+                with self._lock:
+                    _check_open(self)
+                    backend = self._backend(decision.backend)
+        if measured_now and pickled and not backend.shares_memory and prefix and run.error is None:
             measure_pickling(estimate, head[: len(prefix)], prefix[:PICKLE_SAMPLE])
         del head
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +46,9 @@ __all__ = [
     "GilKind",
     "GilProfile",
     "GilSampler",
+    "Watched",
+    "watch",
+    "WATCH_THREADS",
     "classify",
     "recall",
     "remember",
@@ -66,12 +69,19 @@ GilKind = Literal["waits", "releases", "holds"]
 #: threads overlap the waiting, whatever the item does with the GIL.
 CPU_SHARE_WAITS = 0.5
 
-#: At or above this GIL share an item is said to hold the GIL. Threads then
-#: reach at most ``1 / share`` cores' worth of work (3.3 at 0.3) and take
-#: turns on every GIL hand-over (up to the 5 ms switch interval), while
-#: processes scale with the cores. Measured shares fall far from it on
-#: both sides (see the module docstring).
+#: At or above this GIL share per thread running items, an item is said to
+#: hold the GIL. Threads then reach at most ``1 / share`` cores' worth of
+#: work (3.3 at 0.3) and take turns on every GIL hand-over (up to the 5 ms
+#: switch interval), while processes scale with the cores. Measured shares
+#: fall far from it on both sides (see the module docstring).
 GIL_SHARE_HOLDS = 0.3
+
+#: Threads that run items while watched: the calling thread only. A second
+#: thread would finish GIL-releasing items sooner, but with two threads
+#: taking turns on the GIL the sampler's wake-ups were served sooner and
+#: the share of a pure-Python loop read 0.41-0.65 instead of 0.74-0.86
+#: (2-core machine, under load): too close to call.
+WATCH_THREADS = 1
 
 #: Seconds the first items of a map are watched before a verdict, when the
 #: route depends on it. At 0.5 ms a sample this gives about 10 samples even
@@ -100,23 +110,25 @@ SAMPLE_PERIOD_S = 0.0005
 _SLACK_S = 0.0002
 
 
-def classify(cpu_share: float, gil_share: float) -> GilKind:
+def classify(cpu_share: float, gil_share: float, threads: int = 1) -> GilKind:
     """Sort a measured callable into ``"waits"``, ``"releases"`` or ``"holds"``.
 
     Pure.
 
     Args:
-        cpu_share: the measured thread's CPU time over wall time (0..1).
+        cpu_share: CPU time over the time the threads running items were
+            not queued for a CPU (0..1).
         gil_share: the fraction of wall time the GIL was held (0..1).
+        threads: threads that ran items meanwhile (int >= 1).
 
     Returns:
         ``"waits"`` when the CPU share is under :data:`CPU_SHARE_WAITS`,
-        else ``"holds"`` when the GIL share is at least
-        :data:`GIL_SHARE_HOLDS`, else ``"releases"``.
+        else ``"holds"`` when the GIL share is at least ``threads`` times
+        :data:`GIL_SHARE_HOLDS` (at most 0.9), else ``"releases"``.
     """
     if cpu_share < CPU_SHARE_WAITS:
         return "waits"
-    if gil_share >= GIL_SHARE_HOLDS:
+    if gil_share >= min(0.9, GIL_SHARE_HOLDS * max(1, threads)):
         return "holds"
     return "releases"
 
@@ -132,6 +144,7 @@ class GilProfile:
         cpu_share: the process's CPU time over ``wall_s``, at most 1.
         gil_share: the fraction of ``wall_s`` the GIL was held (0..1).
         samples: wake-ups of the sampling thread (int).
+        threads: threads that ran items while watched (int).
     """
 
     kind: GilKind
@@ -140,12 +153,14 @@ class GilProfile:
     cpu_share: float
     gil_share: float
     samples: int
+    threads: int = 1
 
     def __str__(self) -> str:
+        on = f" on {self.threads} threads" if self.threads > 1 else ""
         figures = (
-            f"measured over {self.items} item{'s' if self.items != 1 else ''} "
+            f"measured over {self.items} item{'s' if self.items != 1 else ''}{on} "
             f"({self.wall_s * 1000:.0f} ms): on the CPU {self.cpu_share:.0%} of the time, "
-            f"holding the GIL {self.gil_share:.0%} of it"
+            f"the GIL held {self.gil_share:.0%} of it"
         )
         meaning = {
             "waits": "it mostly waits (I/O, sleep, a child process)",
@@ -177,14 +192,12 @@ class GilSampler:
     ``stop()``; ``stop()`` joins the sampling thread, so no thread of ours
     outlives a measurement (a fork started afterwards sees one thread).
 
-    A busy machine makes both threads wait for a CPU now and then, which
-    would look like waiting (a lower CPU share) and like a held GIL (late
+    A busy machine makes threads wait for a CPU now and then, which would
+    look like waiting (a lower CPU share) and like a held GIL (late
     wake-ups). On Linux the time each thread spent queued for a CPU is read
     from ``/proc/self/task/<tid>/schedstat`` and taken out of both figures:
-    the CPU share is counted over the time the measured thread was not
-    queued, the sampler's own queueing is not counted as late, and the GIL
-    share is counted over the time the measured thread ran or was queued
-    (it may hold the GIL then), not the time it slept.
+    the CPU share is counted over the time the measured threads were not
+    queued, and the sampler's own queueing is not counted as late.
 
     Attributes:
         items: set by the caller to the number of items run while watched.
@@ -230,10 +243,14 @@ class GilSampler:
         """Seconds since :meth:`start`."""
         return time.perf_counter() - self._start_wall
 
-    def stop(self) -> GilProfile:
+    def stop(self, others: list[tuple[float, float]] | None = None) -> GilProfile:
         """Stop watching; join the sampling thread and return the figures.
 
         Idempotent: a second call joins nothing and returns the figures again.
+
+        Args:
+            others: for each other thread that ran items meanwhile, its
+                ``(seconds running items, seconds of those queued for a CPU)``.
 
         Returns:
             A :class:`GilProfile` for the items run since :meth:`start`.
@@ -247,16 +264,25 @@ class GilSampler:
         if self._thread is not None:
             self._thread.join()
         late = max(0.0, self._late_s - self._sampler_queued_s)
+        queued = 0.0
         if self._start_sched is not None and end is not None:
-            on_cpu = end[0] - self._start_sched[0]
             queued = end[1] - self._start_sched[1]
-            cpu_share = min(1.0, cpu / max(wall - queued, 1e-9))
-            gil_share = min(1.0, late / max(on_cpu + queued, wall * 0.05))
-        else:
-            cpu_share = min(1.0, cpu / wall)
-            gil_share = min(1.0, late / wall)
+        busy = wall - queued
+        for other_busy, other_queued in others or []:
+            busy += other_busy - other_queued
+        threads = 1 + len(others or [])
+        cpu_share = min(1.0, cpu / max(busy, 1e-9))
+        # Time the measured thread sat queued is time it may have held the
+        # GIL without working: count the share over the time it was not queued.
+        gil_share = min(1.0, late / max(wall - queued, wall * 0.05))
         self._result = GilProfile(
-            classify(cpu_share, gil_share), self.items, wall, cpu_share, gil_share, self._samples
+            classify(cpu_share, gil_share, threads),
+            self.items,
+            wall,
+            cpu_share,
+            gil_share,
+            self._samples,
+            threads,
         )
         return self._result
 
@@ -331,3 +357,132 @@ def forget(fn: Callable[..., Any] | None = None) -> None:
             _measured.clear()
         else:
             _measured.pop(identity_key(fn), None)
+
+
+class Watched:
+    """What :func:`watch` ran: results in input order, and the verdict.
+
+    Attributes:
+        results: the outcome of each item run, in input order, up to (not
+            including) the first item that raised.
+        error: the first exception an item raised (by input position), or None.
+        exhausted: True when the input ran out.
+        profile: the measurement (a :class:`GilProfile`).
+    """
+
+    __slots__ = ("results", "error", "exhausted", "profile")
+
+    def __init__(
+        self,
+        results: list[Any],
+        error: BaseException | None,
+        exhausted: bool,
+        profile: GilProfile,
+    ):
+        self.results = results
+        self.error = error
+        self.exhausted = exhausted
+        self.profile = profile
+
+
+def watch(
+    fn: Callable[..., Any],
+    inputs: Iterator[Any],
+    star: bool,
+    *,
+    seconds: float = GIL_PROBE_S,
+    max_items: int = 20_000,
+    threads: int = WATCH_THREADS,
+) -> Watched:
+    """Run items of a map on ``threads`` threads for ``seconds`` while sampling the GIL.
+
+    The calling thread runs items too; the others are joined before this
+    returns. Each thread takes the next item when it finishes one, until the
+    time is up, ``max_items`` were taken, the input runs out, or an item
+    raises (the items already taken still finish). Every item taken before
+    the first failing one has its result in ``Watched.results``.
+
+    Args:
+        fn: the callable.
+        inputs: the items, consumed lazily: argument tuples when ``star``,
+            else single arguments.
+        star: whether each input is a tuple of arguments.
+        seconds: how long to keep taking items.
+        max_items: most items to take.
+        threads: threads running items, the calling thread included (>= 1).
+
+    Returns:
+        A :class:`Watched`.
+    """
+    lock = threading.Lock()
+    outcomes: dict[int, Any] = {}
+    state = {"next": 0, "stop": False, "exhausted": False, "error_at": None, "error": None}
+    sampler = GilSampler()
+    deadline = time.perf_counter() + seconds
+    reports: list[tuple[float, float]] = []
+
+    def take() -> tuple[int, Any] | None:
+        with lock:
+            if state["stop"] or state["next"] >= max_items or time.perf_counter() >= deadline:
+                return None
+            try:
+                item = next(inputs)
+            except StopIteration:
+                state["exhausted"] = state["stop"] = True
+                return None
+            except BaseException as exc:  # reading the input failed: at its position
+                state["stop"] = True
+                state["error_at"], state["error"] = state["next"], exc
+                return None
+            index = state["next"]
+            state["next"] = index + 1
+            return index, item
+
+    def run_items() -> None:
+        while True:
+            taken = take()
+            if taken is None:
+                return
+            index, item = taken
+            try:
+                outcomes[index] = fn(*item) if star else fn(item)
+            except BaseException as exc:
+                with lock:
+                    state["stop"] = True
+                    if state["error_at"] is None or index < state["error_at"]:
+                        state["error_at"], state["error"] = index, exc
+                if not isinstance(exc, Exception):
+                    raise
+
+    def helper() -> None:
+        start, first = time.perf_counter(), _sched()
+        try:
+            run_items()
+        except BaseException:  # recorded by run_items; a helper never raises
+            pass
+        last = _sched()
+        queued = 0.0 if first is None or last is None else last[1] - first[1]
+        reports.append((time.perf_counter() - start, queued))
+
+    helpers = [
+        threading.Thread(target=helper, name="smartexec-gil-watch", daemon=True)
+        for _ in range(max(0, threads - 1))
+    ]
+    sampler.start()
+    try:
+        for thread in helpers:
+            thread.start()
+        run_items()
+        for thread in helpers:
+            thread.join()
+    except BaseException:
+        with lock:
+            state["stop"] = True
+        sampler.stop()
+        raise
+    sampler.items = state["next"]
+    profile = sampler.stop(reports)
+    error_at = state["error_at"]
+    end = state["next"] if error_at is None else error_at
+    results = [outcomes[i] for i in range(end)]
+    return Watched(results, state["error"], state["exhausted"], profile)

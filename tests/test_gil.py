@@ -15,18 +15,21 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize(
-    ("cpu", "held", "kind"),
+    ("cpu", "held", "threads", "kind"),
     [
-        (0.0, 0.0, "waits"),
-        (CPU_SHARE_WAITS - 0.01, 0.9, "waits"),  # mostly off the CPU: threads overlap it
-        (1.0, 0.0, "releases"),
-        (1.0, GIL_SHARE_HOLDS - 0.01, "releases"),
-        (1.0, GIL_SHARE_HOLDS, "holds"),
-        (CPU_SHARE_WAITS, 1.0, "holds"),
+        (0.0, 0.0, 1, "waits"),
+        (CPU_SHARE_WAITS - 0.01, 0.9, 2, "waits"),  # mostly off the CPU: threads overlap it
+        (1.0, 0.0, 2, "releases"),
+        (1.0, GIL_SHARE_HOLDS - 0.01, 1, "releases"),
+        (1.0, GIL_SHARE_HOLDS, 1, "holds"),
+        (1.0, 2 * GIL_SHARE_HOLDS - 0.01, 2, "releases"),  # two threads: twice the share
+        (1.0, 2 * GIL_SHARE_HOLDS, 2, "holds"),
+        (1.0, 0.9, 8, "holds"),  # the GIL is never held more than all the time
+        (CPU_SHARE_WAITS, 1.0, 1, "holds"),
     ],
 )
-def test_classify(cpu, held, kind):
-    assert classify(cpu, held) == kind
+def test_classify(cpu, held, threads, kind):
+    assert classify(cpu, held, threads) == kind
 
 
 def _watch(work, seconds=0.06):
@@ -104,4 +107,32 @@ def test_a_callable_without_weak_references_is_not_kept():
 def test_str_states_the_figures_and_the_meaning():
     text = str(gil.GilProfile("holds", 4, 0.056, 0.99, 0.87, 11))
     assert text.startswith("measured over 4 items (56 ms)")
-    assert "holding the GIL 87%" in text and "threads would take turns" in text
+    assert "the GIL held 87%" in text and "threads would take turns" in text
+
+
+def test_watch_keeps_results_in_order_and_joins_its_threads():
+    items = iter(range(1000))
+    watched = gil.watch(lambda x: (time.sleep(0.001), x)[1], items, False, seconds=0.05, threads=2)
+    assert watched.results == list(range(len(watched.results)))
+    assert watched.error is None and not watched.exhausted
+    assert watched.profile.threads == 2
+    assert watched.profile.kind == "waits"
+    assert next(items) == len(watched.results)  # nothing taken was lost
+    assert not [t for t in threading.enumerate() if t.name.startswith("smartexec-gil")]
+
+
+def test_watch_stops_at_the_first_failing_item_by_position():
+    def fail_at_7(x):
+        time.sleep(0.002)
+        if x == 7:
+            raise ValueError(x)
+        return x
+
+    watched = gil.watch(fail_at_7, iter(range(100)), False, seconds=5, threads=2)
+    assert watched.results == list(range(7))
+    assert isinstance(watched.error, ValueError)
+
+
+def test_watch_sees_the_end_of_the_input_and_star_arguments():
+    watched = gil.watch(pow, iter([(2, 3), (3, 2)]), True, seconds=5)
+    assert watched.results == [8, 9] and watched.exhausted
