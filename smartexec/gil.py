@@ -71,10 +71,11 @@ CPU_SHARE_WAITS = 0.5
 
 #: At or above this GIL share per thread running items, an item is said to
 #: hold the GIL. Threads then reach at most ``1 / share`` cores' worth of
-#: work (3.3 at 0.3) and take turns on every GIL hand-over (up to the 5 ms
+#: work (4 at 0.25) and take turns on every GIL hand-over (up to the 5 ms
 #: switch interval), while processes scale with the cores. Measured shares
-#: fall far from it on both sides (see the module docstring).
-GIL_SHARE_HOLDS = 0.3
+#: fall far from it on both sides (see the module docstring); a half-Python
+#: item read 0.26-0.30 on a machine loaded by other jobs.
+GIL_SHARE_HOLDS = 0.25
 
 #: Threads that run items while watched: the calling thread only. A second
 #: thread would finish GIL-releasing items sooner, but with two threads

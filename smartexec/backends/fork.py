@@ -28,10 +28,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util  # noqa: F401 - its atexit hook must be registered before ours
 import os
+import select
 import signal
+import socket
 import threading
 import time
 import weakref
@@ -123,6 +127,106 @@ def _picklable_outcomes(result: ChunkResult) -> ChunkResult:
     return ChunkResult(outcomes, result.compute_s)
 
 
+def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_threads: int) -> None:
+    """The zygote (runs in a child forked once per pool): forks the pool's workers.
+
+    The parent's dispatcher thread never forks: it asks the zygote, which is
+    single-threaded, holds the objects inherited at its own fork, and takes
+    no lock any other thread could hold. Messages on ``ctl`` (a
+    ``SOCK_SEQPACKET`` pair, one record per message):
+
+    * parent -> zygote: ``S<ident>`` with one file descriptor attached (the
+      worker's end of its pipe): fork a worker on it.
+    * parent -> zygote: ``Q``: the pool is stopping.
+    * zygote -> parent: ``P<ident> <pid>`` once forked; ``X<pid> <exitcode>``
+      when a worker exits (negative: killed by that signal).
+
+    On ``Q``, on end-of-file, or once the parent is gone (checked every
+    :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
+    may hold a copy of its end of ``ctl``, so end-of-file alone is not
+    enough), the zygote gives its workers :data:`STOP_TIMEOUT_S` seconds to
+    exit, kills the rest and exits.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.close(parent_end)  # the parent's end of ctl, inherited by the fork
+    zygote_pid = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: set[int] = set()
+
+    def reap(block_s: float = 0.0) -> None:
+        deadline = time.monotonic() + block_s
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                return
+            if pid == 0:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
+                continue
+            children.discard(pid)
+            try:
+                ctl.send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass  # the parent is gone
+
+    while True:
+        ready, _, _ = select.select([ctl, wake_r], [], [], PARENT_CHECK_S)
+        if not ready and os.getppid() != parent_pid:
+            break
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            reap()
+        if ctl not in ready:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(ctl, 256, 4)
+        except OSError:
+            message, fds = b"", []
+        if not message or message == b"Q":
+            for fd in fds:
+                os.close(fd)
+            break
+        ident = int(message[1:])
+        worker_fd = fds[0]
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                ctl.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                conn = multiprocessing.connection.Connection(worker_fd)
+                _worker_main(conn, zygote_pid, blas_threads)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(worker_fd)
+        children.add(pid)
+        ctl.send(b"P%d %d" % (ident, pid))
+    # The parent closed its end: workers were asked to stop (or their parent died).
+    reap(STOP_TIMEOUT_S)
+    for pid in list(children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    reap(STOP_TIMEOUT_S)
+
+
 def _exit_description(exitcode: int | None) -> str:
     if exitcode is None:
         return "an unknown status"
@@ -162,13 +266,22 @@ class _Task:
 
 
 class _Worker:
-    __slots__ = ("process", "conn", "task", "deadline")
+    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost")
 
-    def __init__(self, process: Any, conn: Any):
-        self.process = process
+    def __init__(self, ident: int, conn: Any):
+        self.ident = ident
         self.conn = conn
+        self.pid: int | None = None  # known once the zygote reports the fork
         self.task: _Task | None = None
         self.deadline: float | None = None  # time.monotonic() when its chunk times out
+        self.lost = False  # its pipe closed: it is exiting; its exit code is on the way
+
+    def kill(self) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass  # exited already
 
 
 class _ForkPool:
@@ -200,10 +313,25 @@ class _ForkPool:
         os.set_blocking(self._wake_w, False)
         objects = live_objects()
         self.covered = frozenset(objects)
-        # Fork every worker now, in the caller's thread, before our dispatcher
-        # thread exists.
-        self._workers = [self._spawn(objects) for _ in range(max_workers)]
+        # Fork the zygote now, in the caller's thread, before this pool's
+        # dispatcher thread exists; it forks every worker, replacements too.
+        self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._zygote = self._ctx.Process(
+            target=_zygote_main,
+            args=(zygote_end, self._ctl.fileno(), os.getpid(), blas_threads),
+            name="smartexec-fork-zygote",
+        )
+        with trampoline.forking(objects):
+            self._zygote.start()
         del objects
+        # Process.start() in any thread reaps every finished child it knows of
+        # (multiprocessing.process._children); this pool joins its own zygote.
+        _mp_children = getattr(multiprocessing.process, "_children", None)
+        if _mp_children is not None:
+            _mp_children.discard(self._zygote)
+        zygote_end.close()
+        self._idents = itertools.count()
+        self._workers = [self._spawn() for _ in range(max_workers)]
         self._thread = threading.Thread(
             target=self._run, name="smartexec-fork-dispatcher", daemon=True
         )
@@ -279,10 +407,7 @@ class _ForkPool:
             with self._lock:
                 self._queue.clear()  # nothing more may start
             for worker in list(self._workers):
-                try:
-                    worker.process.kill()
-                except (OSError, ValueError, AttributeError):
-                    pass  # already gone or closed
+                worker.kill()
             self._thread.join()
 
     def _wake(self) -> None:
@@ -298,26 +423,39 @@ class _ForkPool:
 
     # -- dispatcher thread ---------------------------------------------------------
 
-    def _spawn(self, objects: Mapping[int, Any] | None = None) -> _Worker:
+    def _spawn(self) -> _Worker:
+        """Ask the zygote for a worker; its pid arrives later on ``_ctl``."""
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        if objects is None:
-            objects = self._live_objects()
-        process = self._ctx.Process(
-            target=_worker_main,
-            args=(child_conn, os.getpid(), self._blas_threads),
-            name="smartexec-fork-worker",
-        )
-        with trampoline.forking(objects):
-            process.start()
-        # Process.start() in any thread reaps every finished child it knows of
-        # (multiprocessing.process._children); if it reaped ours while our
-        # dispatcher joins them, both would be unsure whether the worker exited.
-        # This pool joins its own workers, so take them off that list.
-        _mp_children = getattr(multiprocessing.process, "_children", None)
-        if _mp_children is not None:
-            _mp_children.discard(process)
-        child_conn.close()
-        return _Worker(process, parent_conn)
+        ident = next(self._idents)
+        try:
+            socket.send_fds(self._ctl, [b"S%d" % ident], [child_conn.fileno()])
+        finally:
+            child_conn.close()
+        return _Worker(ident, parent_conn)
+
+    def _read_ctl(self) -> None:
+        """Handle one message from the zygote: a worker forked, or one exited."""
+        try:
+            message = self._ctl.recv(256)
+        except OSError:
+            message = b""
+        if not message:
+            raise BrokenProcessPool(
+                f"the fork pool's zygote process (pid {self._zygote.pid}) died with "
+                f"{_exit_description(self._zygote.exitcode)}"
+            )
+        first, second = message[1:].split()
+        if message[:1] == b"P":
+            ident, pid = int(first), int(second)
+            for worker in self._workers:
+                if worker.ident == ident:
+                    worker.pid = pid
+            return
+        pid, exitcode = int(first), int(second)
+        for worker in self._workers:
+            if worker.pid == pid:
+                self._bury(worker, exitcode)
+                return
 
     def _run(self) -> None:
         try:
@@ -358,21 +496,20 @@ class _ForkPool:
                     and all(w.task is None for w in self._workers)
                 ):
                     return
-            busy = [w.conn for w in self._workers if w.task is not None]
-            sentinels = [w.process.sentinel for w in self._workers]
+            # Every live worker's pipe: a reply, or EOF when it dies.
+            conns = [w.conn for w in self._workers if not w.lost]
             deadlines = [w.deadline for w in self._workers if w.deadline is not None]
             wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
-            ready = set(wait_for([self._wake_r, *busy, *sentinels], wait_s))
+            ready = set(wait_for([self._wake_r, self._ctl, *conns], wait_s))
             if self._wake_r in ready:
                 os.read(self._wake_r, 65536)
             for worker in list(self._workers):
-                if worker.task is not None and worker.conn in ready:
+                if worker.conn in ready and not worker.lost:
                     self._receive(worker)
             if deadlines:
                 self._stop_overdue()
-            for worker in list(self._workers):
-                if worker.process.sentinel in ready:
-                    self._bury(worker)
+            if self._ctl in ready:
+                self._read_ctl()
 
     def _stop_overdue(self) -> None:
         """Kill each worker whose chunk ran past its timeout; fail that chunk."""
@@ -382,16 +519,14 @@ class _ForkPool:
             if task is None or worker.deadline is None or worker.deadline > now:
                 continue
             worker.task, worker.deadline = None, None
-            worker.process.kill()
-            # Bury it now, so that no chunk is sent to it before its sentinel fires.
-            worker.process.join(STOP_TIMEOUT_S)
-            self._bury(worker)
+            worker.kill()
+            worker.lost = True  # no chunk goes to it; the zygote reports its exit
             timeout_s = task.timeout_s or 0.0
             task.future.set_exception(
                 TaskTimeoutError(
                     f"{task.name} ran longer than its task_timeout of {timeout_s:g} s "
                     f"(a chunk of {task.items} item{'s' if task.items != 1 else ''}); its "
-                    f"worker process (pid {worker.process.pid}) was killed and replaced",
+                    f"worker process (pid {worker.pid}) was killed and replaced",
                     timeout_s=timeout_s,
                     items=task.items,
                 )
@@ -409,7 +544,7 @@ class _ForkPool:
 
     def _dispatch(self) -> None:
         for worker in self._workers:
-            if worker.task is not None:
+            if worker.task is not None or worker.lost or worker.pid is None:
                 continue
             task = self._next_task()
             if task is None:
@@ -419,6 +554,7 @@ class _ForkPool:
                 worker.conn.send_bytes(task.payload)  # type: ignore[arg-type]
             except OSError:
                 # The worker died before taking it; _bury hands it to the next.
+                worker.lost = True
                 continue
             task.payload = None
             if task.timeout_s is not None:
@@ -428,9 +564,11 @@ class _ForkPool:
         try:
             data = worker.conn.recv_bytes()
         except (EOFError, OSError):
-            return  # the worker died; _bury reports it
+            worker.lost = True  # it died; the zygote reports its exit code to _bury
+            return
         task, worker.task, worker.deadline = worker.task, None, None
-        assert task is not None
+        if task is None:
+            return  # a reply after its chunk timed out
         try:
             status, value = loads(data)
         except BaseException as exc:
@@ -447,9 +585,7 @@ class _ForkPool:
                 task.future.set_exception(value)
         del task, data
 
-    def _bury(self, worker: _Worker) -> None:
-        worker.process.join(0.1)
-        exitcode = worker.process.exitcode
+    def _bury(self, worker: _Worker, exitcode: int | None) -> None:
         self._workers.remove(worker)
         worker.conn.close()
         task, worker.task, worker.deadline = worker.task, None, None
@@ -460,7 +596,7 @@ class _ForkPool:
             else:
                 task.future.set_exception(
                     WorkerCrashedError(
-                        f"the worker process (pid {worker.process.pid}) running {task.name} "
+                        f"the worker process (pid {worker.pid}) running {task.name} "
                         f"died with {_exit_description(exitcode)}. Only this chunk failed; "
                         f"the worker was replaced.",
                         exitcode=exitcode,
@@ -482,25 +618,45 @@ class _ForkPool:
             _LIVE_POOLS.discard(self)
 
     def _stop_each_worker(self) -> None:
+        """Ask every worker to exit, kill the slow ones, then let the zygote go."""
         for worker in self._workers:
             try:
                 worker.conn.send_bytes(b"")
             except OSError:
                 pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        killed = False
+        while self._workers and self._zygote.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if killed:
+                    break
+                for worker in self._workers:
+                    worker.kill()
+                killed, deadline = True, time.monotonic() + STOP_TIMEOUT_S
+                continue
+            if wait_for([self._ctl], left):
+                try:
+                    self._read_ctl()
+                except BrokenProcessPool:
+                    break
         for worker in self._workers:
-            worker.process.join(STOP_TIMEOUT_S)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            worker.kill()
             worker.conn.close()
-            try:
-                worker.process.close()
-            except ValueError:
-                # Another thread's multiprocessing bookkeeping (Process.start()
-                # reaps finished children) may have reaped it first, leaving
-                # this Process object unsure; it is gone, the object is freed later.
-                pass
         self._workers = []
+        try:
+            self._ctl.send(b"Q")  # the zygote reaps what is left and exits
+        except OSError:
+            pass
+        self._ctl.close()
+        self._zygote.join(2 * STOP_TIMEOUT_S + 1)
+        if self._zygote.is_alive():
+            self._zygote.kill()
+            self._zygote.join()
+        try:
+            self._zygote.close()
+        except ValueError:
+            pass
 
 
 class _Prepared:

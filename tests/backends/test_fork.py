@@ -81,10 +81,10 @@ def test_retired_pool_workers_exit():
             workers = [
                 c for c in child_processes(os.getpid()).values() if "resource_tracker" not in c
             ]
-            if len(workers) <= 2:
+            if len(workers) <= 3:  # the current pool's 2 workers and its zygote
                 break
             time.sleep(0.05)
-        assert len(workers) <= 2, workers
+        assert len(workers) <= 3, workers
 
 
 def test_shared_object_is_freed_when_the_user_drops_it():

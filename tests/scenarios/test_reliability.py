@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import traceback
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 
@@ -199,8 +200,13 @@ def test_ctrl_c_during_map_stops_workers_and_leaves_no_orphans(use_with):
     )
     try:
         _wait_for_line(proc, "started")
-        _children_alive = _children.session_processes(proc.pid)
-        assert len(_children_alive) >= 3, _children_alive  # parent + 2 workers
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # parent, zygote, 2 workers
+            alive = _children.session_processes(proc.pid)
+            if len(alive) >= 4:
+                break
+            time.sleep(0.05)
+        assert len(alive) >= 4, alive
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=10)  # the issue asks for 2 s; 10 bounds a noisy machine
