@@ -56,7 +56,12 @@ def parallel_map(
 
     Args:
         fn: the per-item function (when used bare).
-        max_workers, backend, prefer: as for :class:`SmartExecutor`.
+        max_workers: workers per backend (int >= 1), None for the default;
+            as for :class:`SmartExecutor`.
+        backend: a backend name that forces the route, None to let the
+            policy choose; as for :class:`SmartExecutor`.
+        prefer: ``"threads"``, ``"processes"`` or None; as for
+            :class:`SmartExecutor`.
         chunksize: items per chunk (int >= 1), None to choose automatically.
         progress: True for a tqdm bar counting the items of each call, a
             tqdm-like factory for its bars, False for none; as ``progress``

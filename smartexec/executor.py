@@ -238,12 +238,13 @@ class SmartExecutor(Executor):
 
         Args:
             fn: the callable, as it would be passed to ``submit`` or ``map``.
-            *args, **kwargs: an example call's arguments; when given, their
-                pickled size is added to the reasons.
+            *args: an example call's positional arguments; when given (or
+                ``**kwargs``), their pickled size is added to the reasons.
+            **kwargs: that call's keyword arguments.
 
         Returns:
-            The decision: ``.backend``, ``.reasons``, ``.share``, and
-            ``str()`` for people.
+            The decision, with ``.backend``, ``.reasons`` and ``.share``;
+            ``str()`` gives it for people.
 
         Raises:
             TypeError: ``fn`` is not callable.

@@ -160,7 +160,7 @@ def track(
         An iterator over the same results, in the same order.
 
     Raises:
-        Whatever ``factory`` raises (``results`` is closed first).
+        Exception: whatever ``factory`` raises; ``results`` is closed first.
     """
     try:
         bar = factory(total=total, desc=desc, unit="item")
