@@ -5,13 +5,12 @@ two trips through a pipe, waking a worker -- of a few hundred microseconds.
 With ``chunksize=1`` (the ``ProcessPoolExecutor.map`` default) a function that
 takes a microsecond costs a thousand times more in a pool than in a loop.
 
-What SmartExecutor does today: with no ``chunksize`` given, ``map`` cuts the
-items into about four chunks per worker, so the fixed cost is paid a handful of
-times instead of once per item; the script compares that with chunksize=1
-and with a chunksize picked by hand. What it does not do yet is measure the
-work and fall back to a plain loop when the whole map is cheaper than starting
-workers (planned). Until then ``backend="inline"`` keeps a map in the calling
-thread with no workers at all; the last line of the output times it.
+What SmartExecutor does instead: with no ``chunksize`` given, ``map`` runs
+the first items in the calling thread to measure them; when a plain loop is
+predicted to be at least as fast as any worker (as it is here), the whole map
+stays there, and otherwise chunks are sized from the measured per-item time
+(docs/tuning.md). The script compares that with chunksize=1, with a chunksize
+picked by hand, and with ``backend="inline"`` (always the calling thread).
 
 Run:
     python examples/tiny_items.py            # 20,000 calls

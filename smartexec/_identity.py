@@ -49,7 +49,7 @@ class WeakCallable:
 
     __slots__ = ("_get", "weak", "__weakref__")
 
-    def __init__(self, fn: Any, on_death: Callable[[], None] | None = None):
+    def __init__(self, fn: Any, on_death: Callable[[], object] | None = None):
         callback = (lambda _ref: on_death()) if on_death is not None else None
         self.weak = True
         if isinstance(fn, types.MethodType):

@@ -420,7 +420,7 @@ def inline_batches(
     left: Callable[[], int | None],
     verdict: Callable[[], Verdict],
     switch: Callable[[str], ChunkStream],
-) -> Iterator[Iterator[Any]]:
+) -> Iterator[Iterable[Any]]:
     """Yield lazy batches of inline results, re-deciding between batches.
 
     Items under ``TINY_ITEM_S`` go in C-level ``map`` batches that start at 16

@@ -98,11 +98,18 @@ def _explain(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        target = importlib.import_module(module_name)
+        target: object = importlib.import_module(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         print(f"error: cannot load {args.target}: {exc}", file=sys.stderr)
+        return 2
+    if not callable(target):
+        print(
+            f"error: {args.target} is {target!r} ({type(target).__qualname__}), "
+            f"not a callable; name a function, class or method, e.g. hashlib:sha256",
+            file=sys.stderr,
+        )
         return 2
     executor = SmartExecutor()
     try:

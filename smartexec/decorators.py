@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 from .executor import SmartExecutor
+from .progress import ProgressFactory, progress_factory
 
 __all__ = ["parallel_map"]
 
@@ -25,6 +26,7 @@ def parallel_map(
     chunksize: int | None = None,
     backend: str | None = None,
     prefer: Literal["threads", "processes"] | None = None,
+    progress: bool | ProgressFactory = False,
 ) -> Callable[[Callable[[T], R]], Callable[[Iterable[T]], list[R]]]: ...
 
 
@@ -36,6 +38,7 @@ def parallel_map(
     chunksize: int | None = None,
     backend: str | None = None,
     prefer: Literal["threads", "processes"] | None = None,
+    progress: bool | ProgressFactory = False,
 ) -> Any:
     """Decorate a per-item function so that it maps over an iterable in parallel.
 
@@ -53,18 +56,34 @@ def parallel_map(
 
     Args:
         fn: the per-item function (when used bare).
-        max_workers, backend, prefer: as for :class:`SmartExecutor`.
+        max_workers: workers per backend (int >= 1), None for the default;
+            as for :class:`SmartExecutor`.
+        backend: a backend name that forces the route, None to let the
+            policy choose; as for :class:`SmartExecutor`.
+        prefer: ``"threads"``, ``"processes"`` or None; as for
+            :class:`SmartExecutor`.
         chunksize: items per chunk (int >= 1), None to choose automatically.
+        progress: True for a tqdm bar counting the items of each call, a
+            tqdm-like factory for its bars, False for none; as ``progress``
+            of :meth:`SmartExecutor.map`.
 
     Returns:
         The decorated function ``(iterable) -> list``.
+
+    Raises:
+        ImportError: ``progress=True`` and tqdm is not installed (raised when
+            decorating): ``pip install 'smartexec[progress]'``.
+        TypeError: ``progress`` is neither a bool nor callable.
     """
+    factory = progress_factory(progress)
 
     def decorate(func: Callable[[Any], Any]) -> Callable[[Iterable[Any]], list[Any]]:
         @functools.wraps(func)
         def mapped(items: Iterable[Any]) -> list[Any]:
             with SmartExecutor(max_workers, backend=backend, prefer=prefer) as executor:
-                return list(executor.map(func, items, chunksize=chunksize))
+                return list(
+                    executor.map(func, items, chunksize=chunksize, progress=factory or False)
+                )
 
         return mapped
 

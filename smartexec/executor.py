@@ -49,8 +49,9 @@ from .gil import (
     remember,
     watch,
 )
-from .inspection import inspect_callable, payload_size
+from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
+from .progress import ProgressFactory, progress_factory, track
 from .registry import get_backend_class
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
@@ -209,11 +210,18 @@ class SmartExecutor(Executor):
         big_state_bytes: callables whose state (bound object, closure cells,
             partial arguments) pickles to more bytes than this are shared with
             fork workers by copy-on-write instead of pickled. Default 1 MiB.
+        progress: the default for ``map``'s ``progress``: True draws a tqdm
+            bar that counts items for every ``map``; a tqdm-like factory
+            (:data:`smartexec.progress.ProgressFactory`) draws its bars;
+            False (the default) draws none.
 
     Raises:
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
             one of the accepted values.
-        TypeError: ``max_workers`` is not an int.
+        TypeError: ``max_workers`` is not an int, or ``progress`` is neither a
+            bool nor callable.
+        ImportError: ``progress=True`` and tqdm is not installed
+            (``pip install 'smartexec[progress]'``).
         smartexec.errors.UnknownBackendError: no backend has the given name.
         smartexec.errors.BackendUnavailableError: the backend cannot run here.
     """
@@ -227,6 +235,7 @@ class SmartExecutor(Executor):
         big_state_bytes: int = BIG_STATE_BYTES,
         task_timeout: float | None = None,
         max_retries: int = 0,
+        progress: bool | ProgressFactory = False,
     ):
         if max_workers is not None:
             if isinstance(max_workers, bool) or not isinstance(max_workers, int):
@@ -279,6 +288,7 @@ class SmartExecutor(Executor):
         )
         self._task_timeout = task_timeout
         self._max_retries = max_retries
+        self._progress = progress_factory(progress)
         self._max_workers = max_workers
         self._lock = threading.RLock()
         self._shutdown = False
@@ -352,12 +362,13 @@ class SmartExecutor(Executor):
 
         Args:
             fn: the callable, as it would be passed to ``submit`` or ``map``.
-            *args, **kwargs: an example call's arguments; when given, their
-                pickled size is added to the reasons.
+            *args: an example call's positional arguments; when given (or
+                ``**kwargs``), their pickled size is added to the reasons.
+            **kwargs: that call's keyword arguments.
 
         Returns:
-            The decision: ``.backend``, ``.reasons``, ``.share``, and
-            ``str()`` for people.
+            The decision, with ``.backend``, ``.reasons`` and ``.share``;
+            ``str()`` gives it for people.
 
         Raises:
             TypeError: ``fn`` is not callable.
@@ -448,7 +459,21 @@ class SmartExecutor(Executor):
         chunksize: int | None = None,
         buffersize: int | None = None,
         task_timeout: float | None = None,
+        progress: bool | ProgressFactory | None = None,
     ) -> Iterator[T]:
+        factory = self._progress if progress is None else progress_factory(progress)
+        if factory is not None:
+            total = common_length(iterables)
+            results = self.map(
+                fn,
+                *iterables,
+                timeout=timeout,
+                chunksize=chunksize,
+                buffersize=buffersize,
+                task_timeout=task_timeout,
+                progress=False,
+            )
+            return track(results, factory, total=total, desc=callable_name(fn))
         for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(
@@ -726,7 +751,15 @@ class SmartExecutor(Executor):
           with fork workers by copy-on-write never run in the calling thread;
         * each item's exception is raised at its own position, after the
           results of the items before it, even within a chunk; closing the
-          iterator early cancels every chunk not yet started.
+          iterator early cancels every chunk not yet started;
+        * ``progress``: True draws a tqdm bar that counts items (whatever the
+          chunksize or backend) as their results are taken, a tqdm-like
+          factory draws its own, False draws none, and None (the default)
+          follows the executor's ``progress``. The bar's total is the
+          input's length when known, and the bar is closed when the results
+          end, raise, or the iterator is closed (:mod:`smartexec.progress`).
+          Raises ``ImportError`` for True without tqdm installed
+          (``pip install 'smartexec[progress]'``).
         """
     )
 

@@ -152,8 +152,8 @@ def get_backend_class(name: str) -> Callable[..., Backend]:
                 hint=hint,
             ) from exc
     with _lock:
-        _loaded[name] = factory  # type: ignore[assignment]
-    return factory  # type: ignore[return-value]
+        _loaded[name] = factory
+    return factory
 
 
 def available_backends() -> dict[str, str]:

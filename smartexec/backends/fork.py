@@ -551,7 +551,7 @@ class _ForkPool:
                 return
             worker.task = task
             try:
-                worker.conn.send_bytes(task.payload)  # type: ignore[arg-type]
+                worker.conn.send_bytes(task.payload)
             except OSError:
                 # The worker died before taking it; _bury hands it to the next.
                 worker.lost = True

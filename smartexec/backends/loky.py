@@ -66,6 +66,7 @@ class LokyBackend(Backend):
             if self._pool is None:
                 self._pool = self._new_pool()
             pool = self._pool
+        future: Future[ChunkResult]
         try:
             future = pool.submit(run_chunk, fn, chunk, True, budget_s)
         except BrokenProcessPool:
