@@ -386,6 +386,17 @@ class Watched:
         self.profile = profile
 
 
+class _WatchState:
+    __slots__ = ("next", "stop", "exhausted", "error_at", "error")
+
+    def __init__(self) -> None:
+        self.next = 0  # index of the next item to take
+        self.stop = False
+        self.exhausted = False
+        self.error_at: int | None = None
+        self.error: BaseException | None = None
+
+
 def watch(
     fn: Callable[..., Any],
     inputs: Iterator[Any],
@@ -417,26 +428,26 @@ def watch(
     """
     lock = threading.Lock()
     outcomes: dict[int, Any] = {}
-    state = {"next": 0, "stop": False, "exhausted": False, "error_at": None, "error": None}
+    state = _WatchState()
     sampler = GilSampler()
     deadline = time.perf_counter() + seconds
     reports: list[tuple[float, float]] = []
 
     def take() -> tuple[int, Any] | None:
         with lock:
-            if state["stop"] or state["next"] >= max_items or time.perf_counter() >= deadline:
+            if state.stop or state.next >= max_items or time.perf_counter() >= deadline:
                 return None
             try:
                 item = next(inputs)
             except StopIteration:
-                state["exhausted"] = state["stop"] = True
+                state.exhausted = state.stop = True
                 return None
             except BaseException as exc:  # reading the input failed: at its position
-                state["stop"] = True
-                state["error_at"], state["error"] = state["next"], exc
+                state.stop = True
+                state.error_at, state.error = state.next, exc
                 return None
-            index = state["next"]
-            state["next"] = index + 1
+            index = state.next
+            state.next = index + 1
             return index, item
 
     def run_items() -> None:
@@ -449,9 +460,9 @@ def watch(
                 outcomes[index] = fn(*item) if star else fn(item)
             except BaseException as exc:
                 with lock:
-                    state["stop"] = True
-                    if state["error_at"] is None or index < state["error_at"]:
-                        state["error_at"], state["error"] = index, exc
+                    state.stop = True
+                    if state.error_at is None or index < state.error_at:
+                        state.error_at, state.error = index, exc
                 if not isinstance(exc, Exception):
                     raise
 
@@ -478,12 +489,12 @@ def watch(
             thread.join()
     except BaseException:
         with lock:
-            state["stop"] = True
+            state.stop = True
         sampler.stop()
         raise
-    sampler.items = state["next"]
+    sampler.items = state.next
     profile = sampler.stop(reports)
-    error_at = state["error_at"]
-    end = state["next"] if error_at is None else error_at
+    error_at = state.error_at
+    end = state.next if error_at is None else error_at
     results = [outcomes[i] for i in range(end)]
-    return Watched(results, state["error"], state["exhausted"], profile)
+    return Watched(results, state.error, state.exhausted, profile)

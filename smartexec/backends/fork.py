@@ -177,7 +177,7 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
                 pass  # the parent is gone
 
     while True:
-        ready, _, _ = select.select([ctl, wake_r], [], [], PARENT_CHECK_S)
+        ready, _, _ = select.select([ctl.fileno(), wake_r], [], [], PARENT_CHECK_S)
         if not ready and os.getppid() != parent_pid:
             break
         if wake_r in ready:
@@ -187,7 +187,7 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
             except BlockingIOError:
                 pass
             reap()
-        if ctl not in ready:
+        if ctl.fileno() not in ready:
             continue
         try:
             message, fds, _, _ = socket.recv_fds(ctl, 256, 4)
