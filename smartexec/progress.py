@@ -25,7 +25,7 @@ arguments ``total``, ``desc`` and ``unit`` (see :data:`ProgressFactory`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["ProgressBar", "ProgressFactory", "ProgressIterator", "progress_factory", "track"]
 
@@ -83,7 +83,10 @@ def progress_factory(progress: bool | ProgressFactory | None) -> ProgressFactory
                 f"or progress=False.",
                 name="tqdm",
             ) from exc
-        factory: ProgressFactory = tqdm
+        # tqdm starts a monitor thread with its first bar (monitor_interval
+        # 10 s): with it alive, every later fork of a worker would be a fork
+        # of a multi-threaded process. Our bars do without it.
+        factory: ProgressFactory = _without_monitor(tqdm)
         return factory
     if callable(progress):
         return progress
@@ -170,3 +173,8 @@ def track(
             close()
         raise
     return ProgressIterator(results, bar)
+
+
+def _without_monitor(tqdm_class: Any) -> Any:
+    """A subclass of ``tqdm_class`` that starts no monitor thread."""
+    return type(tqdm_class.__name__, (tqdm_class,), {"monitor_interval": 0})
