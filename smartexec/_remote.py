@@ -221,17 +221,30 @@ def dumps_reply(result: ChunkResult | None, error: BaseException | None = None) 
         return dumps(("ok", picklable_outcomes(result)))
 
 
-def loads_reply(data: bytes) -> ChunkResult:
+def loads_reply(data: bytes, name: str = "a chunk") -> ChunkResult:
     """Unpickle bytes made by :func:`dumps_reply` in a worker.
+
+    Args:
+        data: the reply.
+        name: what ran, for the message when the reply cannot be unpickled,
+            e.g. ``"Index.query()"``.
 
     Returns:
         The chunk's :class:`ChunkResult`.
 
     Raises:
         BaseException: the error the worker sent instead of a result (with
-            its traceback text as ``__cause__``), or whatever unpickling raises.
+            its traceback text as ``__cause__``).
+        RemoteError: the reply could not be unpickled here (chained from the
+            unpickler's error).
     """
-    status, value = loads(data)
+    try:
+        status, value = loads(data)
+    except BaseException as exc:
+        raise RemoteError(
+            type(exc).__qualname__,
+            f"the reply for {name} could not be unpickled in this process: {exc}",
+        ) from exc
     if status != "ok":
         raise value
     return value  # type: ignore[no-any-return]
