@@ -9,7 +9,7 @@ running scheduler and, at shutdown, disconnects and leaves the cluster running.
 Data flow (Dask does the scheduling, transfers and worker management)::
 
     submit_chunk(target, chunk)  -- in the submitting thread
-      |  big argument seen before?  client.scatter(broadcast=True), once per object
+      |  big argument?  client.scatter(): to one worker; seen before: broadcast, kept
       |  payload = dumps((fn or None, calls, budget_s))      smartexec's pickler
       v
     ClientExecutor.submit(smartexec_chunk, scattered fn | None, payload, *scattered args)
@@ -28,9 +28,11 @@ Data flow (Dask does the scheduling, transfers and worker management)::
   arguments) pickles to more than :data:`SCATTER_BYTES` is scattered to every
   worker once and then referred to by key: a chunk carries a few bytes, not
   the object. A big argument (anything with an ``nbytes`` over
-  :data:`SCATTER_BYTES`, e.g. a numpy array) is scattered the second time the
-  same object is seen, so a repeated argument travels once per worker while a
-  one-off item is sent with its chunk and never pinned on the cluster.
+  :data:`SCATTER_BYTES`, e.g. a numpy array) is scattered too: to one worker,
+  for its chunk only, the first time the object is seen; to every worker,
+  kept for later chunks, from the second time on. So a repeated argument
+  travels about once per worker, and a one-off item is never pinned on the
+  cluster after its chunk is done.
 * What was scattered is found again by identity and held weakly, as the fork
   backend holds its shared callables: when the user's object dies, its key is
   released and the cluster frees the data. Workers keep the copy sent first:
@@ -328,9 +330,16 @@ class DaskBackend(Backend):
             return kept
         return None
 
-    def _scatter(self, obj: Any) -> Any:
+    def _scatter(self, obj: Any, broadcast: bool) -> Any:
+        """Send ``obj`` to the cluster now; return its ``distributed.Future``.
+
+        ``broadcast`` puts a copy on every worker (what many chunks will
+        read); otherwise one worker gets it. Dask serialises it (numpy
+        buffers without a copy); the key is random (``hash=False``), so
+        nothing of ``obj`` is hashed here.
+        """
         # A one-element list: scatter() would spread a list's or dict's items.
-        [future] = self._client.scatter([obj], broadcast=True, hash=False)
+        [future] = self._client.scatter([obj], broadcast=broadcast, hash=False)
         return future
 
     def prepare(self, fn: Any, share: bool) -> Any:
@@ -349,7 +358,7 @@ class DaskBackend(Backend):
                 state = inspect_callable(fn).state
                 future = None
                 if state.error is None and self._big(state):
-                    future = self._scatter(fn)
+                    future = self._scatter(fn, broadcast=True)
                 key = identity_key(fn)
                 callables = self._callables  # the weakref callback must not hold self
                 handle = WeakCallable(fn, lambda: _forget(callables, key))
@@ -370,9 +379,12 @@ class DaskBackend(Backend):
         return any(kept is not None and kept.future is not None for kept in dropped)
 
     def _share_arguments(self, chunk: Sequence[Call]) -> tuple[list[Call], list[Any]]:
-        """Replace big arguments seen before by ``_Arg`` stand-ins; scatter the new ones.
+        """Replace big top-level arguments by ``_Arg`` stand-ins for keys on the cluster.
 
-        Returns the calls to pickle and the futures they refer to.
+        Big arguments never travel inside the chunk's payload, which Dask
+        would route through the scheduler (and warn about past 10 MB).
+
+        Returns the calls to pickle and the futures their stand-ins index.
         """
         futures: list[Any] = []
         index: dict[int, int] = {}  # id(argument) -> position in futures
@@ -384,8 +396,6 @@ class DaskBackend(Backend):
             position = index.get(id(value))
             if position is None:
                 future = self._argument_future(value, nbytes)
-                if future is None:
-                    return value
                 position = index[id(value)] = len(futures)
                 futures.append(future)
             return _Arg(position)
@@ -401,21 +411,28 @@ class DaskBackend(Backend):
         return (calls, futures) if futures else (list(chunk), [])
 
     def _argument_future(self, value: Any, nbytes: int) -> Any:
-        """The scattered copy of a big argument; None the first time it is seen."""
+        """A key on the cluster for a big argument, scattered now or before.
+
+        The first time an object is seen it is scattered to one worker, and
+        only the chunk refers to it: the cluster frees it once that chunk is
+        done. Seen again, it is broadcast to every worker and kept (weakly, as
+        callables are) for every later chunk.
+        """
         key = identity_key(value)
         with self._lock:
             kept = self._arguments.get(key)
             if kept is not None and kept.handle() is value:  # type: ignore[operator]
                 if kept.future is None:
-                    kept.future = self._scatter(value)  # seen before: now it repeats
+                    kept.future = self._scatter(value, broadcast=True)
                 return kept.future
             arguments = self._arguments
             try:
                 handle = weakref.ref(value, lambda _: _forget(arguments, key))
             except TypeError:
-                return None  # cannot be held weakly: sent with each chunk
-            arguments[key] = _Kept(handle, None, format_bytes(nbytes))
-            return None
+                pass  # cannot be held weakly: scattered with each chunk
+            else:
+                arguments[key] = _Kept(handle, None, format_bytes(nbytes))
+        return self._scatter(value, broadcast=False)
 
     # -- the Backend contract ----------------------------------------------------
 
@@ -441,7 +458,10 @@ class DaskBackend(Backend):
         with self._pending_lock:
             self._pending[outer] = inner
         name = f"{callable_name(user_fn)}()"
-        outer.add_done_callback(lambda f: f.cancelled() and inner.cancel())
+        # outer refers to inner weakly: once the result is transferred, nothing
+        # holds Dask's future, so the cluster frees the chunk's reply at once.
+        inner_ref = weakref.ref(inner)
+        outer.add_done_callback(lambda f: _cancel(inner_ref) if f.cancelled() else None)
         inner.add_done_callback(lambda f: self._transfer(f, outer, name))
         return outer
 
@@ -516,6 +536,12 @@ class DaskBackend(Backend):
     def __repr__(self) -> str:
         whose = "owned LocalCluster" if self.owns_cluster else "connected"
         return f"<DaskBackend {self.address} ({whose}), max_workers={self.max_workers}>"
+
+
+def _cancel(ref: weakref.ref[cf.Future[bytes]]) -> None:
+    future = ref()
+    if future is not None:
+        future.cancel()
 
 
 def _forget(table: dict[Hashable, _Kept], key: Hashable) -> None:
