@@ -201,7 +201,9 @@ def test_exception_reaches_the_caller_with_the_worker_traceback(ex):
 
 
 def test_bad_options_name_the_problem(address):
-    with pytest.raises(TypeError, match=r"'thread' got unexpected option\(s\) address=.*no options"):
+    with pytest.raises(
+        TypeError, match=r"'thread' got unexpected option\(s\) address=.*no options"
+    ):
         SmartExecutor(backend="thread", address=address)
     with pytest.raises(TypeError, match='backend="dask", address='):
         SmartExecutor(address=address)
