@@ -244,9 +244,12 @@ def test_the_policy_never_picks_dask():
             assert ex.explain(fn).backend != "dask"
 
 
-def test_shutdown_leaves_a_cluster_it_did_not_start_running(address, client, cluster):
-    with SmartExecutor(2, backend="dask", address=address) as ex:
+@pytest.mark.parametrize("as_object", [False, True], ids=["address", "cluster object"])
+def test_shutdown_leaves_a_cluster_it_did_not_start_running(address, client, cluster, as_object):
+    target = cluster[0] if as_object else address
+    with SmartExecutor(2, backend="dask", address=target) as ex:
         assert ex.submit(square, 4).result(timeout=30) == 16
+        assert "did not start" in "\n".join(ex.explain(square).reasons)
     assert cluster[0].status.name == "running"
     assert len(client.nthreads()) == 2
     assert client.submit(square, 5).result(timeout=30) == 25
