@@ -50,7 +50,7 @@ from typing import Any
 
 try:
     import dask
-    import distributed
+    import distributed as dask_distributed  # not "distributed": a capability's name
 except ImportError as exc:  # the registry adds the install hint
     raise ImportError(f"dask[distributed] is not installed ({exc})") from exc
 
@@ -158,6 +158,12 @@ class _Kept:
 class DaskBackend(Backend):
     """Runs chunks as tasks on a Dask cluster (``dask.distributed``).
 
+    Created by ``SmartExecutor(backend="dask", **options)``, never by the
+    policy. Connecting (and starting a LocalCluster) happens here, so errors
+    come from the executor's constructor. Dask does the scheduling, data
+    transfer, worker restarts and retries; this class turns chunks into Dask
+    tasks and their replies back into results (see the module docstring).
+
     Args:
         max_workers: with no ``address``, the number of worker processes of
             the LocalCluster to start (one thread each); None means one per
@@ -182,7 +188,14 @@ class DaskBackend(Backend):
         ValueError: ``cluster_options`` given with ``address`` (that cluster
             is configured where it was started), or ``n_workers`` given both
             as ``max_workers`` and in ``cluster_options``.
-        OSError: the scheduler at ``address`` did not answer in time.
+        ConnectionError: the scheduler at ``address`` did not answer within
+            ``connect_timeout_s`` (an ``OSError``, chained from Dask's).
+
+    Attributes:
+        address: the scheduler's address, e.g. ``"tcp://10.0.0.5:8786"``.
+        owns_cluster: True when this backend started the LocalCluster and
+            :meth:`shutdown` closes it; False for a cluster reached through
+            ``address``, which is never closed.
     """
 
     name = "dask"
@@ -245,31 +258,37 @@ class DaskBackend(Backend):
         self._cluster: Any = None
         if address is None:
             self._cluster = self._start_cluster(self.max_workers, cluster_options or {})
-            target: Any = self._cluster
-        else:
-            target = address
         try:
-            self._client = distributed.Client(
+            self._client = self._connect(
+                self._cluster if address is None else address, connect_timeout_s
+            )
+            self.address: str = self._client.scheduler.address
+            self.owns_cluster = self._cluster is not None
+            if max_workers is None or address is None:
+                self.max_workers = max(1, sum(self._client.nthreads().values()))
+            self._pool = self._client.get_executor(pure=False)
+        except BaseException:
+            client = getattr(self, "_client", None)
+            if client is not None:
+                client.close()
+            self._close_cluster()
+            raise
+
+    @staticmethod
+    def _connect(target: Any, timeout_s: float | None) -> Any:
+        try:
+            return dask_distributed.Client(
                 target,
-                set_as_default=False,
-                **({} if connect_timeout_s is None else {"timeout": connect_timeout_s}),
+                set_as_default=False,  # never become the user's default Dask client
+                **({} if timeout_s is None else {"timeout": timeout_s}),
             )
         except OSError as exc:
-            self._close_cluster()
             raise ConnectionError(
-                f"cannot reach the Dask scheduler at {address!r}: {exc}. Check that "
+                f"cannot reach the Dask scheduler at {target!r}: {exc}. Check that "
                 f"`dask scheduler` runs there and that this machine can reach its port "
                 f"(docs/distributed.md), or leave out address= to start a LocalCluster "
                 f"on this machine"
             ) from exc
-        except BaseException:
-            self._close_cluster()
-            raise
-        self.address: str = self._client.scheduler.address
-        self.owns_cluster = self._cluster is not None
-        if max_workers is None or address is None:
-            self.max_workers = max(1, sum(self._client.nthreads().values()))
-        self._pool = self._client.get_executor(pure=False)
 
     @staticmethod
     def _start_cluster(n_workers: int, options: Mapping[str, Any]) -> Any:
@@ -284,7 +303,7 @@ class DaskBackend(Backend):
         kept = [p for p in policies if p.get("class") != _REDUCE_REPLICAS]
         # The scheduler reads its policies from the config when it starts.
         with dask.config.set({"distributed.scheduler.active-memory-manager.policies": kept}):
-            return distributed.LocalCluster(**settings)
+            return dask_distributed.LocalCluster(**settings)
 
     # -- where things run ------------------------------------------------------
 
