@@ -13,6 +13,7 @@ Life of a backend, as ``SmartExecutor`` drives it::
     prepare(fn, share) -> target                 # once per submit() / map()
     submit_chunk(target, chunk, budget_s)        # once per chunk, from any thread
     describe(fn), refresh(fn)                    # explain() / refresh()
+    terminate()                                  # Ctrl-C in a with block
     shutdown(wait, cancel_futures=...)           # once or more; idempotent
 
 Built-in backends and third-party plugins implement exactly this class and are
