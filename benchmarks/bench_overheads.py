@@ -4,7 +4,9 @@ Prints, for each process and thread backend: the time to start its workers
 and run one chunk; the round trip of a one-item chunk minus the worker's
 measured compute (median and minimum of 200); and the per-chunk cost with
 many chunks in flight. These figures are the ``worker_startup_s`` /
-``chunk_overhead_s`` class attributes of the backends.
+``chunk_overhead_s`` class attributes of the backends. The dask backend is
+measured too when ``smartexec[dask]`` is installed (its start-up includes
+starting a LocalCluster of 2 worker processes).
 
 Run: ``python benchmarks/bench_overheads.py``
 """
@@ -23,10 +25,21 @@ def noop(x):
     return x
 
 
+def _backends() -> list[type]:
+    classes: list[type] = [ForkBackend, LokyBackend, ThreadBackend]
+    try:
+        from smartexec.backends.dask import DaskBackend
+    except ImportError:
+        print("(dask backend not measured: pip install 'smartexec[dask]')")
+    else:
+        classes.append(DaskBackend)
+    return classes
+
+
 def main() -> None:
-    for cls in (ForkBackend, LokyBackend, ThreadBackend):
-        backend = cls(2, 2)
+    for cls in _backends():
         start = time.perf_counter()
+        backend = cls(2, 2)
         backend.submit_chunk(noop, [((1,), {})]).result()
         startup = time.perf_counter() - start
         trips = []
@@ -49,5 +62,5 @@ def main() -> None:
         )
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the dask backend's workers are spawned: they import this module
     main()

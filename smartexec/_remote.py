@@ -25,9 +25,19 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from .errors import RemoteError, RemoteTraceback
+from .errors import PayloadPicklingError, RemoteError, RemoteTraceback
 
-__all__ = ["ChunkResult", "run_chunk", "Call", "remote_exception", "dumps", "loads"]
+__all__ = [
+    "ChunkResult",
+    "run_chunk",
+    "Call",
+    "remote_exception",
+    "dumps",
+    "loads",
+    "dumps_reply",
+    "loads_reply",
+    "picklable_outcomes",
+]
 
 #: One call: (positional arguments, keyword arguments).
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -160,3 +170,81 @@ def run_chunk(
         if budget_s is not None and time.perf_counter() > deadline:
             break
     return ChunkResult(outcomes, time.perf_counter() - start)
+
+
+def picklable_outcomes(result: ChunkResult) -> ChunkResult:
+    """Replace each result that cannot be pickled by an error naming it.
+
+    Run in a worker process when a chunk's reply failed to pickle: the items
+    whose results pickle keep them; each other item gets a
+    :class:`~smartexec.errors.PayloadPicklingError` (``where == "result"``),
+    wrapped by :func:`remote_exception`.
+    """
+    outcomes = []
+    for ok, value in result.outcomes:
+        try:
+            dumps(value)
+        except BaseException as exc:
+            error = PayloadPicklingError(
+                f"the result ({type(value).__qualname__}) could not be pickled to send it "
+                f"back from the worker process: {type(exc).__name__}: {exc}. Return plain "
+                f"data (numbers, strings, lists, dicts, numpy arrays), or use "
+                f'backend="thread" to keep results in-process',
+                where="result",
+                reason=str(exc),
+            )
+            outcomes.append((False, remote_exception(error)))
+        else:
+            outcomes.append((ok, value))
+    return ChunkResult(outcomes, result.compute_s)
+
+
+def dumps_reply(result: ChunkResult | None, error: BaseException | None = None) -> bytes:
+    """Pickle a worker's reply for :func:`loads_reply`: a chunk's result, or why it could not run.
+
+    Args:
+        result: the chunk's outcomes (from :func:`run_chunk` with
+            ``remote=True``), or None when ``error`` is given.
+        error: an exception raised *around* the chunk (its payload could not
+            be unpickled in the worker), or None.
+
+    Returns:
+        The bytes; a result that cannot be pickled as a whole is sent with
+        each unpicklable value replaced (:func:`picklable_outcomes`).
+    """
+    if error is not None:
+        return dumps(("error", remote_exception(error)))
+    assert result is not None
+    try:
+        return dumps(("ok", result))
+    except BaseException:
+        return dumps(("ok", picklable_outcomes(result)))
+
+
+def loads_reply(data: bytes, name: str = "a chunk") -> ChunkResult:
+    """Unpickle bytes made by :func:`dumps_reply` in a worker.
+
+    Args:
+        data: the reply.
+        name: what ran, for the message when the reply cannot be unpickled,
+            e.g. ``"Index.query()"``.
+
+    Returns:
+        The chunk's :class:`ChunkResult`.
+
+    Raises:
+        BaseException: the error the worker sent instead of a result (with
+            its traceback text as ``__cause__``).
+        RemoteError: the reply could not be unpickled here (chained from the
+            unpickler's error).
+    """
+    try:
+        status, value = loads(data)
+    except BaseException as exc:
+        raise RemoteError(
+            type(exc).__qualname__,
+            f"the reply for {name} could not be unpickled in this process: {exc}",
+        ) from exc
+    if status != "ok":
+        raise value
+    return value  # type: ignore[no-any-return]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import difflib
 import inspect
 import itertools
 import threading
@@ -52,7 +53,7 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .progress import ProgressFactory, progress_factory, track
-from .registry import get_backend_class
+from .registry import create_backend, get_backend_class
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
 __all__ = ["SmartExecutor"]
@@ -111,6 +112,24 @@ def _send(
 def _retryable(exc: BaseException) -> bool:
     """A worker death: the call itself may well succeed on a fresh worker."""
     return isinstance(exc, WorkerCrashedError)
+
+
+def _options_without_backend(options: dict[str, Any]) -> str:
+    """The message for backend options given with no ``backend=``."""
+    own = ("max_workers", "backend", "prefer", "big_state_bytes", "task_timeout", "max_retries")
+    names = ", ".join(f"{name}=" for name in sorted(options))
+    close = [
+        f"did you mean {match[0]}= for {name}=? "
+        for name in sorted(options)
+        if (match := difflib.get_close_matches(name, own, n=1))
+    ]
+    example = sorted(options)[0]
+    return (
+        f"SmartExecutor() got unexpected keyword argument(s) {names}. "
+        + "".join(close)
+        + f"Backend options need the backend that takes them, e.g. "
+        f'SmartExecutor(backend="dask", {example}=...)'
+    )
 
 
 def _check_open(executor: SmartExecutor) -> None:
@@ -203,27 +222,55 @@ class SmartExecutor(Executor):
             CPU for process backends and ``min(32, cpus + 4)`` for threads,
             as ``ThreadPoolExecutor`` does.
         backend: force every call onto one backend: ``"thread"``, ``"fork"``,
-            ``"loky"``, ``"inline"`` or a registered plugin name. None lets the
+            ``"loky"``, ``"inline"``, ``"dask"`` or a registered plugin name. None lets the
             policy choose per callable.
         prefer: ``"threads"`` or ``"processes"``: a hint the policy follows
             unless the callable's state must not be pickled.
         big_state_bytes: callables whose state (bound object, closure cells,
             partial arguments) pickles to more bytes than this are shared with
             fork workers by copy-on-write instead of pickled. Default 1 MiB.
+        task_timeout: seconds one task (one item) may run once started.
+            On the fork backend a task over it is stopped (its worker is
+            killed and replaced) and its future raises
+            :class:`~smartexec.errors.TaskTimeoutError`; on threads the
+            future raises at the deadline while the call runs on (threads
+            cannot be stopped). Callables the policy would send to loky go
+            to fork instead. A ``map`` call may set its own. None: no limit.
+        max_retries: times a task whose worker process died
+            (:class:`~smartexec.errors.WorkerCrashedError`) is run again
+            before its future fails (0, the default: never). A chunk of
+            several items whose worker died is then re-sent one item per
+            chunk, so only the item that kills its worker fails.
         progress: the default for ``map``'s ``progress``: True draws a tqdm
             bar that counts items for every ``map``; a tqdm-like factory
             (:data:`smartexec.progress.ProgressFactory`) draws its bars;
             False (the default) draws none.
+        **backend_options: options for the backend named by ``backend``,
+            passed to its constructor, e.g.
+            ``SmartExecutor(backend="dask", address="tcp://10.0.0.5:8786")``
+            (see each backend's class for the options it takes; the built-in
+            ``dask`` backend is the only one that takes any).
+
+    A backend named by ``backend`` is created here, at once, so that a bad
+    option or an unreachable cluster fails this call rather than the first
+    ``submit``. Other backends start when the policy first picks them.
 
     Raises:
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
             one of the accepted values.
-        TypeError: ``max_workers`` is not an int, or ``progress`` is neither a
-            bool nor callable.
+        TypeError: ``max_workers`` is not an int; ``progress`` is neither a
+            bool nor callable; backend options were given without
+            ``backend``, or the backend does not take one of them (the
+            message lists those it takes).
         ImportError: ``progress=True`` and tqdm is not installed
             (``pip install 'smartexec[progress]'``).
+        ValueError: ``task_timeout`` is not positive, ``max_retries`` is
+            negative, or ``backend`` names a backend that cannot time out a
+            task while ``task_timeout`` is set.
         smartexec.errors.UnknownBackendError: no backend has the given name.
-        smartexec.errors.BackendUnavailableError: the backend cannot run here.
+        smartexec.errors.BackendUnavailableError: the backend cannot run here
+            (e.g. its package is not installed; the message says how to).
+        OSError: the named backend could not start or reach its workers.
     """
 
     def __init__(
@@ -236,6 +283,7 @@ class SmartExecutor(Executor):
         task_timeout: float | None = None,
         max_retries: int = 0,
         progress: bool | ProgressFactory = False,
+        **backend_options: Any,
     ):
         if max_workers is not None:
             if isinstance(max_workers, bool) or not isinstance(max_workers, int):
@@ -262,6 +310,8 @@ class SmartExecutor(Executor):
                 f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, "
                 f"got {prefer!r}"
             )
+        if backend_options and backend is None:
+            raise TypeError(_options_without_backend(backend_options))
         task_timeout = _check_task_timeout(task_timeout)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int):
             raise TypeError(
@@ -296,6 +346,10 @@ class SmartExecutor(Executor):
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
+        if backend is not None:
+            self._backends[backend] = create_backend(
+                backend, max_workers, self._platform.cpu_count, backend_options
+            )
 
     @staticmethod
     def _check_available(name: str) -> type[Backend]:
@@ -353,8 +407,9 @@ class SmartExecutor(Executor):
     def _backend(self, name: str) -> Backend:
         backend = self._backends.get(name)
         if backend is None:
-            factory = self._check_available(name)
-            backend = self._backends[name] = factory(self._max_workers, self._platform.cpu_count)
+            backend = self._backends[name] = create_backend(
+                name, self._max_workers, self._platform.cpu_count, {}
+            )
         return backend
 
     def explain(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Decision:
@@ -367,14 +422,18 @@ class SmartExecutor(Executor):
             **kwargs: that call's keyword arguments.
 
         Returns:
-            The decision, with ``.backend``, ``.reasons`` and ``.share``;
-            ``str()`` gives it for people.
+            The decision: ``.backend``, ``.reasons``, ``.share``, and
+            ``str()`` for people. When that backend is already running, its
+            own account follows the policy's reasons (the dask backend names
+            its cluster: address, workers, and whether this executor owns it).
 
         Raises:
             TypeError: ``fn`` is not callable.
         """
         decision, estimate = self._route(fn)
-        notes = []
+        with self._lock:
+            running = self._backends.get(decision.backend)
+        notes = list(running.describe(fn)) if running is not None else []
         if estimate.per_item_s is not None:
             notes.append(f"measured so far: {estimate!r}")
         if estimate.last_map is not None:
@@ -392,25 +451,29 @@ class SmartExecutor(Executor):
         return decision
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
-        """Let fork workers see the current state of a shared callable's object.
+        """Let workers see the current state of a shared callable's object.
 
         A callable shared by copy-on-write (``explain(fn).share``) reaches each
         fork worker as the copy of its object that existed when that worker
-        was forked: changes the parent makes afterwards (``model.bias = 2``)
-        are not seen by later chunks. Call ``refresh(fn)`` after such a change;
-        the next chunks of ``fn`` run on workers forked from the current state.
+        was forked; on the dask backend a callable with big state is
+        scattered to the cluster once. Either way, changes the parent makes
+        afterwards (``model.bias = 2``) are not seen by later chunks. Call
+        ``refresh(fn)`` after such a change; the next chunks of ``fn`` run on
+        workers forked from (or sent) the current state. On the dask backend
+        ``refresh(array)`` does the same for a big argument sent once.
 
         Args:
-            fn: the callable, e.g. ``model.predict``.
+            fn: the callable, e.g. ``model.predict`` (or, on the dask backend,
+                a big argument).
 
         Returns:
-            True when ``fn`` was shared with fork workers (and is now
-            refreshed), False when nothing needed doing.
+            True when some backend kept a copy of ``fn`` (now dropped), False
+            when nothing needed doing.
         """
         with self._lock:
-            backend = self._backends.get("fork")
-        refresh = getattr(backend, "refresh", None)
-        return bool(refresh(fn)) if refresh is not None else False
+            backends = list(self._backends.values())
+        refreshed = [backend.refresh(fn) for backend in backends]
+        return any(refreshed)
 
     def decisions(self) -> tuple[Decision, ...]:
         """Return the routing decisions this executor made, oldest first.

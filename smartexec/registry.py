@@ -9,12 +9,17 @@ Two tables, as fsspec keeps them:
 
 A plugin never silently replaces a name: the first registration of a name
 wins and a later different one raises unless ``replace=True`` is given.
+
+:func:`create_backend` makes an instance, checking first that the backend can
+run here and that the user's backend options fit its signature (the way
+fsspec's ``filesystem(protocol, **storage_options)`` does for file systems).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -29,6 +34,7 @@ __all__ = [
     "get_backend_class",
     "available_backends",
     "known_backends",
+    "create_backend",
 ]
 
 ENTRY_POINT_GROUP = "smartexec.backends"
@@ -39,6 +45,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "thread": ("smartexec.backends.thread:ThreadBackend", ""),
     "fork": ("smartexec.backends.fork:ForkBackend", ""),
     "loky": ("smartexec.backends.loky:LokyBackend", "pip install loky"),
+    "dask": ("smartexec.backends.dask:DaskBackend", "pip install 'smartexec[dask]'"),
 }
 
 _lock = threading.RLock()
@@ -83,8 +90,9 @@ def register_backend(
     Args:
         name: short lowercase name, e.g. ``"mycluster"``.
         factory: a :class:`~smartexec.backends.Backend` subclass (or any
-            callable ``(max_workers, cpu_count) -> Backend``), or its import
-            path as ``"package.module:Class"`` (imported on first use).
+            callable ``(max_workers, cpu_count, **options) -> Backend``), or
+            its import path as ``"package.module:Class"`` (imported on first
+            use).
         replace: allow replacing a different backend already registered
             under ``name``.
 
@@ -159,7 +167,10 @@ def get_backend_class(name: str) -> Callable[..., Backend]:
 def available_backends() -> dict[str, str]:
     """Return each known backend name -> ``"available"`` or why it is not.
 
-    Mirrors fsspec's ``available_protocols``, with the reason attached.
+    Mirrors fsspec's ``available_protocols``, with the reason attached, e.g.
+    ``"backend 'dask' (built-in) cannot be imported: No module named
+    'distributed'. To install it: pip install 'smartexec[dask]'"``. Imports
+    every known backend's module (plugins included) to find out.
     """
     report = {}
     for name in sorted(known_backends()):
@@ -172,3 +183,67 @@ def available_backends() -> dict[str, str]:
         reason = reason_of() if reason_of is not None else None
         report[name] = "available" if reason is None else reason
     return report
+
+
+def _accepted_options(factory: Any) -> tuple[str, ...] | None:
+    """The keyword options ``factory`` takes after ``(max_workers, cpu_count)``.
+
+    None when any name is accepted (``**kwargs``) or the signature cannot be read.
+    """
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters[2:] if p.kind in named)
+
+
+def create_backend(
+    name: str, max_workers: int | None, cpu_count: int, options: Mapping[str, Any]
+) -> Backend:
+    """Create the backend registered under ``name`` with the user's options.
+
+    Args:
+        name: a registered backend name.
+        max_workers: workers (int >= 1), or None for the backend's default.
+        cpu_count: CPUs this process may use.
+        options: backend options (keyword arguments for the factory), e.g.
+            ``{"address": "tcp://10.0.0.5:8786"}`` for ``"dask"``.
+
+    Returns:
+        The new backend; the caller owns it and must shut it down.
+
+    Raises:
+        UnknownBackendError: no backend has that name (a ``ValueError``).
+        BackendUnavailableError: it cannot be imported, or its
+            ``unavailable_reason()`` says it cannot run here (an
+            ``ImportError``).
+        TypeError: an option's name is not one the backend takes (the
+            message lists those it takes), or a value has the wrong type.
+        ValueError: an option's value is not acceptable.
+        OSError: the backend could not start or reach its workers (e.g. a
+            Dask scheduler that does not answer).
+    """
+    factory = get_backend_class(name)
+    reason_of = getattr(factory, "unavailable_reason", None)
+    reason = reason_of() if reason_of is not None else None
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {name!r} cannot run here: {reason}", backend=name)
+    if options:
+        accepted = _accepted_options(factory)
+        unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
+        if unknown:
+            takes = (
+                "it takes " + ", ".join(f"{o}=" for o in accepted)
+                if accepted
+                else "it takes no options"
+            )
+            close = [difflib.get_close_matches(o, accepted or (), n=1) for o in unknown]
+            hint = "".join(f"; did you mean {c[0]}= for {o}=?" for o, c in zip(unknown, close) if c)
+            raise TypeError(
+                f"backend {name!r} got unexpected option(s) "
+                f"{', '.join(f'{o}=' for o in unknown)}: {takes}{hint}"
+            )
+    return factory(max_workers, cpu_count, **options)

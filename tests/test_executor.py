@@ -249,6 +249,17 @@ def test_constructor_arguments_are_checked(kwargs, error):
         SmartExecutor(**kwargs)
 
 
+def test_backend_options_need_a_backend_that_takes_them():
+    with pytest.raises(
+        TypeError, match=r'address=\. Backend options need .*backend="dask", address='
+    ):
+        SmartExecutor(address="tcp://10.0.0.5:8786")
+    with pytest.raises(TypeError, match="did you mean prefer= for prefr="):
+        SmartExecutor(prefr="threads")
+    with pytest.raises(TypeError, match=r"backend 'thread' got unexpected option\(s\) address=: "):
+        SmartExecutor(backend="thread", address="tcp://10.0.0.5:8786")
+
+
 @pytest.mark.parametrize("kwargs", [{"chunksize": 2.5}, {"chunksize": True}, {"buffersize": "2"}])
 def test_map_arguments_are_checked(kwargs):
     with SmartExecutor(backend="inline") as ex, pytest.raises(TypeError):

@@ -10,7 +10,9 @@ from smartexec import SmartExecutor, available_backends, register_backend
 from smartexec._remote import run_chunk
 from smartexec.backends import Backend
 from smartexec.errors import BackendUnavailableError, UnknownBackendError
-from smartexec.registry import get_backend_class, known_backends
+from smartexec.registry import create_backend, get_backend_class, known_backends
+
+from ._children import run_python
 
 
 class RecordingBackend(Backend):
@@ -74,3 +76,107 @@ def test_unknown_name():
 def test_factory_must_be_callable_or_a_path():
     with pytest.raises(TypeError, match="Backend subclass"):
         register_backend("bad", 42)  # type: ignore[arg-type]
+
+
+class OptionsBackend(RecordingBackend):
+    """A plugin that takes backend options."""
+
+    def __init__(self, max_workers, cpu_count, *, label="", verbose=False):
+        super().__init__(max_workers, cpu_count)
+        self.label = label
+
+
+def test_backend_options_reach_the_factory():
+    register_backend("with-options", OptionsBackend, replace=True)
+    backend = create_backend("with-options", 2, 4, {"label": "x"})
+    assert backend.label == "x" and backend.max_workers == 2
+    with SmartExecutor(backend="with-options", label="y") as ex:
+        assert ex.submit(abs, -3).result(timeout=10) == 3
+
+
+def test_an_option_the_backend_does_not_take_lists_those_it_does():
+    register_backend("with-options", OptionsBackend, replace=True)
+    with pytest.raises(TypeError) as info:
+        create_backend("with-options", None, 2, {"lable": "x"})
+    message = str(info.value)
+    assert "unexpected option(s) lable=" in message
+    assert "it takes label=, verbose=" in message
+    assert "did you mean label= for lable=?" in message
+    with pytest.raises(TypeError, match="it takes no options"):
+        create_backend("inline", None, 2, {"label": "x"})
+
+
+def test_a_factory_taking_any_keyword_gets_every_option():
+    def factory(max_workers, cpu_count, **options):
+        backend = RecordingBackend(max_workers, cpu_count)
+        backend.options = options
+        return backend
+
+    register_backend("any-options", factory, replace=True)
+    assert create_backend("any-options", 1, 1, {"a": 1, "b": 2}).options == {"a": 1, "b": 2}
+
+
+@pytest.mark.timeout(60)
+def test_dask_missing_names_the_extra():
+    # Runs with or without dask installed: the child hides it.
+    result = run_python(
+        """
+        import subprocess, sys
+        sys.modules["distributed"] = None  # as if dask were not installed
+        import smartexec
+        from smartexec import BackendUnavailableError, SmartExecutor
+        print(smartexec.available_backends()["dask"])
+        try:
+            SmartExecutor(backend="dask")
+        except BackendUnavailableError as exc:
+            print("raised:", exc.hint)
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    status, raised = result.stdout.strip().splitlines()
+    assert status.startswith("backend 'dask' (built-in) cannot be imported: dask[distributed]")
+    assert status.endswith("To install it: pip install 'smartexec[dask]'")
+    assert raised == "raised: pip install 'smartexec[dask]'"
+
+
+@pytest.mark.timeout(60)
+def test_entry_points_are_found_by_name(tmp_path):
+    # A made-up installed distribution, as pip would leave it, declaring three
+    # backends: a working one, one that tries to take a built-in's name, and
+    # one whose module is missing.
+    dist = tmp_path / "fakeplug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[smartexec.backends]\n"
+        "fakeplug = fakeplug_backend:FakeBackend\n"
+        "thread = fakeplug_backend:FakeBackend\n"
+        "ghost = no_such_module:Ghost\n"
+    )
+    (tmp_path / "fakeplug_backend.py").write_text(
+        "from smartexec.backends.thread import ThreadBackend\n"
+        "class FakeBackend(ThreadBackend):\n"
+        "    name = 'fakeplug'\n"
+    )
+    result = run_python(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from smartexec import SmartExecutor, available_backends
+        from smartexec.registry import get_backend_class, known_backends
+        print(known_backends()["fakeplug"])
+        print(known_backends()["thread"], get_backend_class("thread").__module__)
+        print(available_backends()["ghost"])
+        with SmartExecutor(2, backend="fakeplug") as ex:
+            print(ex.submit(abs, -7).result(timeout=10), repr(ex))
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    source, thread, ghost, ran = result.stdout.strip().splitlines()
+    assert source == "entry point of fakeplug"
+    assert thread == "built-in smartexec.backends.thread"  # a plugin never replaces a built-in
+    assert "'ghost' (entry point of fakeplug) cannot be imported" in ghost
+    assert "reinstall fakeplug, which declares entry point ghost = no_such_module:Ghost" in ghost
+    assert ran.startswith("7 ") and "fakeplug" in ran

@@ -3,10 +3,23 @@
 A backend runs *chunks*: a callable and a list of ``(args, kwargs)`` calls.
 :meth:`Backend.submit_chunk` returns a ``concurrent.futures.Future`` whose
 result is a :class:`~smartexec._remote.ChunkResult` (one outcome per call).
-``SmartExecutor`` builds ``submit`` (a chunk of one) and ``map`` on top of it.
+``SmartExecutor`` builds ``submit`` (a chunk of one) and ``map`` on top of it,
+so chunksize tuning, streaming and error placement come for free.
+
+Life of a backend, as ``SmartExecutor`` drives it::
+
+    Backend(max_workers, cpu_count, **options)   # once, on first use (or at once,
+                                                 # for the backend named by backend=)
+    prepare(fn, share) -> target                 # once per submit() / map()
+    submit_chunk(target, chunk, budget_s)        # once per chunk, from any thread
+    describe(fn), refresh(fn)                    # explain() / refresh()
+    terminate()                                  # Ctrl-C in a with block
+    shutdown(wait, cancel_futures=...)           # once or more; idempotent
 
 Built-in backends and third-party plugins implement exactly this class and are
-found through the same registry (:mod:`smartexec.registry`).
+found through the same registry (:mod:`smartexec.registry`). A worker process
+runs :func:`smartexec._remote.run_chunk` and, when its reply crosses a process
+boundary, :func:`smartexec._remote.dumps_reply` / ``loads_reply``.
 """
 
 from __future__ import annotations
@@ -46,7 +59,14 @@ class Backend(abc.ABC):
     Args:
         max_workers: how many workers to run (int >= 1), or None for the
             backend's default (:meth:`default_workers`).
-        cpu_count: CPUs this process may use, for the default.
+        cpu_count: CPUs this process may use (cgroups and affinity taken into
+            account), for the default.
+
+    Subclasses may take more keyword arguments (*backend options*): the user
+    passes them to ``SmartExecutor(backend="name", option=...)``, which checks
+    their names against this signature before calling it, and raises a
+    ``TypeError`` naming the accepted ones when a name does not fit. Raise
+    ``TypeError`` / ``ValueError`` for bad values, naming the option.
     """
 
     name: ClassVar[str] = ""
@@ -71,19 +91,69 @@ class Backend(abc.ABC):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        """Why this backend cannot run here (e.g. a missing package), or None."""
+        """Why this backend cannot run here, or None when it can.
+
+        Read by ``available_backends()`` and before the backend is created.
+        Say what is missing and how to get it, e.g. ``"start method 'fork'
+        is not available on this platform"``. (A missing package is better
+        reported by letting the module's import fail: the registry then adds
+        the install hint.)
+        """
         return None
 
     def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
         """Return what :meth:`submit_chunk` should send in place of ``fn``.
 
+        Called once per ``submit`` and once per ``map``, in the submitting
+        thread; the result is passed to every :meth:`submit_chunk` of that
+        call, and dropped when the call is done. The default returns ``fn``.
+
+        A backend that keeps a copy of a callable's state in its workers
+        (fork: copy-on-write; dask: scattered once) returns a stand-in here.
+        It must not keep ``fn`` alive beyond the calls that use it (hold it
+        weakly, see :class:`smartexec._identity.WeakCallable`).
+
         Args:
             fn: the user's callable.
-            share: the policy asked for ``fn`` to be shared by copy-on-write
-                rather than pickled (only backends with ``copy_on_write``
-                honour it).
+            share: the policy's ``Decision.share``: ``fn``'s state is too big
+                (or impossible) to pickle with every chunk and should reach
+                the workers by copy-on-write (only backends with
+                ``copy_on_write`` honour it; others may ignore it).
+
+        Raises:
+            smartexec.errors.PayloadPicklingError: ``fn`` must be sent now and
+                cannot be pickled.
         """
         return fn
+
+    def describe(self, fn: Callable[..., Any]) -> tuple[str, ...]:
+        """Say, for ``SmartExecutor.explain``, where and how this backend would run ``fn``.
+
+        Runs nothing and sends nothing. The default says nothing.
+
+        Args:
+            fn: the user's callable.
+
+        Returns:
+            Short sentences for people (e.g. the cluster's address and size),
+            appended to the decision's reasons.
+        """
+        return ()
+
+    def refresh(self, fn: Callable[..., Any]) -> bool:
+        """Forget any copy of ``fn`` (or of this object) kept in the workers.
+
+        The next chunks of ``fn`` then see its state as it is now. The default
+        keeps no copies and returns False.
+
+        Args:
+            fn: a callable previously passed to :meth:`prepare`, or (for
+                backends that keep big arguments) such an argument.
+
+        Returns:
+            True when a kept copy was dropped.
+        """
+        return False
 
     @abc.abstractmethod
     def submit_chunk(
@@ -91,12 +161,17 @@ class Backend(abc.ABC):
     ) -> Future[ChunkResult]:
         """Schedule ``fn`` over ``chunk``; return a future of its ChunkResult.
 
+        Called from any thread (several at once). Unless the backend is
+        ``synchronous``, it returns without waiting for the chunk to run.
+
         Args:
             fn: what :meth:`prepare` returned.
-            chunk: ``(args, kwargs)`` pairs.
-            budget_s: pass to :func:`smartexec._remote.run_chunk`: the worker
-                may stop after this many seconds and return outcomes for a
-                prefix of the chunk only; None runs the whole chunk.
+            chunk: a sequence of ``(args, kwargs)`` pairs (``tuple``,
+                ``dict``), at least one; the backend must not modify it.
+            budget_s: seconds; pass to :func:`smartexec._remote.run_chunk`:
+                the worker may stop after this long and return outcomes for a
+                prefix of the chunk only (the caller re-sends the rest); None
+                runs the whole chunk.
 
         The executor passes a keyword ``timeout_s`` (seconds the chunk may
         run once started) only when the user set a ``task_timeout``; a
@@ -105,12 +180,19 @@ class Backend(abc.ABC):
         sets ``stops_tasks`` when it also stops the work).
 
         Returns:
-            A ``concurrent.futures.Future``. Cancelling it before it runs
-            cancels the chunk.
+            A ``concurrent.futures.Future`` whose result is a
+            :class:`~smartexec._remote.ChunkResult` with one outcome per call
+            run (a prefix of ``chunk``, at least one). An exception raised by
+            the user's function is an *outcome*, not the future's exception;
+            the future fails only when the chunk as a whole could not run (a
+            worker died, the reply could not be unpickled). Cancelling it
+            before it runs cancels the chunk.
 
         Raises:
             smartexec.errors.PayloadPicklingError: ``fn`` or an argument cannot
-                be sent to the workers (backends that pickle eagerly).
+                be sent to the workers (backends that pickle eagerly; others
+                fail the future instead).
+            RuntimeError: called after :meth:`shutdown`.
         """
 
     def terminate(self) -> None:
@@ -128,5 +210,13 @@ class Backend(abc.ABC):
         """Stop the workers; mirrors ``concurrent.futures.Executor.shutdown``.
 
         Idempotent. With ``cancel_futures`` chunks not yet started are
-        cancelled; with ``wait`` the call returns once every worker is gone.
+        cancelled; with ``wait`` the call returns once every pending chunk has
+        finished and every worker this backend started is gone. Without
+        ``wait`` it returns at once and the workers stop once their chunks are
+        done. Resources the backend did not start (a cluster it connected
+        to) are left running.
+
+        Args:
+            wait: block until the workers are gone (bool).
+            cancel_futures: cancel the chunks not yet started (bool).
         """

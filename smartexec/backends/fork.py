@@ -49,9 +49,9 @@ from .. import trampoline
 from .._blas import cap_in_this_process, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
-from .._remote import Call, ChunkResult, dumps, loads, remote_exception, run_chunk
+from .._remote import Call, ChunkResult, dumps, dumps_reply, loads, run_chunk
 from .._system import mark_worker_process
-from ..errors import PayloadPicklingError, RemoteError, TaskTimeoutError, WorkerCrashedError
+from ..errors import RemoteError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -84,47 +84,18 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
             return
         if not data:
             return
-        result: ChunkResult | None = None
         try:
             fn, chunk, budget_s = loads(data)
         except BaseException as exc:
-            reply: tuple[str, Any] = ("error", remote_exception(exc))
+            payload = dumps_reply(None, exc)
         else:
             del data
-            result = run_chunk(fn, chunk, True, budget_s)
-            reply = ("ok", result)
+            payload = dumps_reply(run_chunk(fn, chunk, True, budget_s))
             del fn, chunk
-        try:
-            payload = dumps(reply)
-        except BaseException:
-            assert result is not None
-            payload = dumps(("ok", _picklable_outcomes(result)))
-        del reply, result
         try:
             conn.send_bytes(payload)
         except OSError:
             return
-
-
-def _picklable_outcomes(result: ChunkResult) -> ChunkResult:
-    """Replace each result that cannot be pickled by an error naming it."""
-    outcomes = []
-    for ok, value in result.outcomes:
-        try:
-            dumps(value)
-        except BaseException as exc:
-            error = PayloadPicklingError(
-                f"the result ({type(value).__qualname__}) could not be pickled to send it "
-                f"back from the worker process: {type(exc).__name__}: {exc}. Return plain "
-                f"data (numbers, strings, lists, dicts, numpy arrays), or use "
-                f'backend="thread" to keep results in-process',
-                where="result",
-                reason=str(exc),
-            )
-            outcomes.append((False, remote_exception(error)))
-        else:
-            outcomes.append((ok, value))
-    return ChunkResult(outcomes, result.compute_s)
 
 
 def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_threads: int) -> None:

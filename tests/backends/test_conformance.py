@@ -1,7 +1,8 @@
 """One conformance class that every backend runs, by subclassing with ``backend = "<name>"``.
 
 A plugin backend can reuse it the same way: subclass :class:`BackendConformance`
-and set ``backend`` to its registered name.
+and set ``backend`` to its registered name (and override the ``backend_options``
+fixture when it needs options, as tests/backends/test_dask.py does).
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ class BackendConformance:
     in_process = False  # results and exceptions are the very objects
 
     @pytest.fixture
-    def ex(self):
-        executor = SmartExecutor(2, backend=self.backend)
+    def backend_options(self):
+        """Options for ``SmartExecutor(backend=...)``; a subclass may override it."""
+        return {}
+
+    @pytest.fixture
+    def ex(self, backend_options):
+        executor = SmartExecutor(2, backend=self.backend, **backend_options)
         yield executor
         executor.shutdown(wait=True, cancel_futures=True)
 
@@ -146,8 +152,8 @@ class BackendConformance:
         with pytest.raises(RuntimeError, match="after shutdown"):
             ex.map(square, [1])
 
-    def test_context_manager_shuts_down(self):
-        with SmartExecutor(2, backend=self.backend) as ex:
+    def test_context_manager_shuts_down(self, backend_options):
+        with SmartExecutor(2, backend=self.backend, **backend_options) as ex:
             assert ex.submit(square, 3).result(timeout=30) == 9
         with pytest.raises(RuntimeError):
             ex.submit(square, 3)
