@@ -109,6 +109,23 @@ def _send(
     return backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
 
 
+def _other_threads() -> int:
+    """Threads running besides the calling one and smartexec's own.
+
+    Ours are named ``smartexec-*``, plus the threads loky runs for the loky
+    backend (its executor manager, from ``loky.*``, and its queue feeder).
+    """
+    current = threading.current_thread()
+    return sum(
+        1
+        for thread in threading.enumerate()
+        if thread is not current
+        and not thread.name.startswith("smartexec-")
+        and not type(thread).__module__.startswith("loky.")
+        and thread.name != "QueueFeederThread"
+    )
+
+
 def _retryable(exc: BaseException) -> bool:
     """A worker death: the call itself may well succeed on a fresh worker."""
     return isinstance(exc, WorkerCrashedError)
@@ -344,6 +361,7 @@ class SmartExecutor(Executor):
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
+        self._decided_with_threads: dict[Any, bool] = {}
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:
@@ -365,17 +383,37 @@ class SmartExecutor(Executor):
     # -- routing -----------------------------------------------------------------
 
     def _route(self, fn: Callable[..., Any]) -> tuple[Decision, Estimate]:
-        """The policy's decision for ``fn`` and its per-item estimate, cached weakly."""
+        """The policy's decision for ``fn`` and its per-item estimate, cached weakly.
+
+        Decided again when threads of the user's start or stop running (see
+        :func:`smartexec.policy.decide`'s ``other_threads``).
+        """
         key = identity_key(fn)
+        threads = _other_threads()
         cached = self._decisions.get(key)
         if cached is not None and cached[0].matches(fn):
-            return cached[1], cached[2]
-        decision = decide(inspect_callable(fn), self._platform, self._options, recall(fn))
+            decision, estimate = cached[1], cached[2]
+            if (threads > 0) == self._decided_with_threads.get(key, False):
+                return decision, estimate
+            assert decision.profile is not None
+            decision = decide(decision.profile, self._platform, self._options, recall(fn), threads)
+            self._decisions[key] = (cached[0], decision, estimate)
+            self._decided_with_threads[key] = threads > 0
+            self._log.append(decision)
+            return decision, estimate
+        decision = decide(inspect_callable(fn), self._platform, self._options, recall(fn), threads)
         estimate = Estimate()
         decisions = self._decisions  # the weakref callback must not hold self
-        handle = WeakCallable(fn, lambda: decisions.pop(key, None))
+        with_threads = self._decided_with_threads
+
+        def forget() -> None:
+            decisions.pop(key, None)
+            with_threads.pop(key, None)
+
+        handle = WeakCallable(fn, forget)
         if handle.weak:
             decisions[key] = (handle, decision, estimate)
+            with_threads[key] = threads > 0
         self._log.append(decision)
         return decision, estimate
 
@@ -741,7 +779,7 @@ class SmartExecutor(Executor):
     def _measured(self, fn: Callable[..., Any], decision: Decision, gil: GilProfile) -> Decision:
         """Decide again for ``fn`` with a GIL measurement; cache and log the result."""
         assert decision.profile is not None
-        new = decide(decision.profile, self._platform, self._options, gil)
+        new = decide(decision.profile, self._platform, self._options, gil, _other_threads())
         remember(fn, gil)
         key = identity_key(fn)
         with self._lock:

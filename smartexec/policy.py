@@ -127,15 +127,58 @@ def decide(
     platform: Platform,
     options: Options,
     measured: GilProfile | None = None,
+    other_threads: int = 0,
 ) -> Decision:
     """Choose the backend for ``profile`` on ``platform`` under ``options``.
 
-    Pure: it reads only its arguments. See :func:`_decide` for the table;
-    inside a smartexec worker process (``platform.in_worker``), work the
-    table sends to processes runs inline instead: the outer executor's
-    workers already use the cores.
+    Pure: it reads only its arguments. The table is in this module's
+    docstring; then:
+
+    * inside a smartexec worker process (``platform.in_worker``), work the
+      table sends to processes runs inline: the outer executor's workers
+      already use the cores;
+    * while ``other_threads`` threads that are not smartexec's run, work the
+      table sends to fork goes to loky, unless it must be shared by
+      copy-on-write: forking copies every lock those threads hold at that
+      instant (a deadlock risk in the workers; Python 3.12+ warns), and loky
+      starts workers without forking this process;
+    * with ``options.stoppable`` (a ``task_timeout``), work bound for loky
+      goes to fork, whose workers can be stopped one at a time.
+
+    Args:
+        profile, platform, options, measured: as for the table.
+        other_threads: threads running in this process besides the calling
+            thread and smartexec's own (int >= 0).
     """
     decision = _decide(profile, platform, options, measured)
+    if (
+        other_threads > 0
+        and options.backend is None
+        and decision.backend == "fork"
+        and not platform.in_worker
+    ):
+        threads = f"{other_threads} other thread{'s are' if other_threads != 1 else ' is'}"
+        if decision.share:
+            decision = replace(
+                decision,
+                reasons=(
+                    *decision.reasons,
+                    f"{threads} running in this process; sharing the object needs fork "
+                    f"all the same: each pool forks one single-threaded zygote, with "
+                    f"smartexec's own threads paused, and the zygote forks the workers",
+                ),
+            )
+        else:
+            decision = replace(
+                decision,
+                backend="loky",
+                reasons=(
+                    *decision.reasons,
+                    f"{threads} running in this process: forking it would copy any lock "
+                    f"they hold (a deadlock risk; Python 3.12+ warns), so loky starts "
+                    f"the workers instead, without forking this process",
+                ),
+            )
     if platform.in_worker and options.backend is None and decision.backend in ("fork", "loky"):
         return replace(
             decision,

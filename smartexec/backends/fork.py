@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -39,7 +40,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
@@ -66,6 +67,41 @@ STOP_TIMEOUT_S = 2.0
 MAX_STRONG_SHARED = 8
 
 _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
+
+#: Held while a zygote is forked with the other pools' dispatchers paused;
+#: shutdown() takes it too, so it never mistakes a paused dispatcher for a
+#: finished one.
+_QUIESCE_LOCK = threading.RLock()
+
+#: Seconds to wait for a dispatcher to pause (it may be running a future's
+#: done-callback, user code that may wait on us); past it, the fork goes on.
+PAUSE_TIMEOUT_S = 0.5
+
+
+@contextlib.contextmanager
+def _quiesced() -> Iterator[None]:
+    """Stop every thread of ours that can be stopped, for the length of a fork.
+
+    Python 3.12+ warns when a process with several threads forks, because
+    the child gets a copy of every lock another thread held at that instant.
+    The fork pools' dispatcher threads pause (they hold no state on their
+    stack) and the thread backends let their idle threads exit; all restart
+    after the fork. A dispatcher busy in a done-callback past
+    :data:`PAUSE_TIMEOUT_S`, a thread pool with work, and threads that are not
+    ours (the user's, loky's) stay: the policy routes away from fork when the
+    user's threads run (see :func:`smartexec.policy.decide`).
+    """
+    from .thread import release_idle_thread_pools
+
+    with _QUIESCE_LOCK:
+        me = os.getpid()
+        paused = [pool for pool in list(_LIVE_POOLS) if pool._pid == me and pool.pause()]
+        try:
+            release_idle_thread_pools()
+            yield
+        finally:
+            for pool in paused:
+                pool.resume()
 
 
 def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
@@ -278,6 +314,8 @@ class _ForkPool:
         self._queue: collections.deque[_Task] = collections.deque()
         self._unsent: collections.deque[_Task] = collections.deque()
         self._closing = False
+        self._pause_requested = False
+        self._paused = False
         self._broken: BaseException | None = None
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -292,7 +330,7 @@ class _ForkPool:
             args=(zygote_end, self._ctl.fileno(), os.getpid(), blas_threads),
             name="smartexec-fork-zygote",
         )
-        with trampoline.forking(objects):
+        with _quiesced(), trampoline.forking(objects):
             self._zygote.start()
         del objects
         # Process.start() in any thread reaps every finished child it knows of
@@ -343,7 +381,36 @@ class _ForkPool:
     @property
     def usable(self) -> bool:
         """False once the pool is closing or its dispatcher has stopped."""
-        return not self._closing and self._thread.is_alive()
+        return not self._closing and (self._paused or self._thread.is_alive())
+
+    def pause(self) -> bool:
+        """Stop the dispatcher thread for a while (the pool stays); True if it stopped.
+
+        Called under :data:`_QUIESCE_LOCK`; :meth:`resume` starts it again.
+        """
+        if self._thread is threading.current_thread():
+            return False
+        with self._lock:
+            if not self._thread.is_alive():
+                return False
+            self._pause_requested = True
+        self._wake()
+        self._thread.join(PAUSE_TIMEOUT_S)
+        with self._lock:
+            self._pause_requested = False
+            if not self._paused:
+                return False  # busy (in a callback): it carries on
+        self._thread.join()
+        return True
+
+    def resume(self) -> None:
+        """Start the dispatcher thread again after :meth:`pause`."""
+        with self._lock:
+            self._paused = False
+        self._thread = threading.Thread(
+            target=self._run, name="smartexec-fork-dispatcher", daemon=True
+        )
+        self._thread.start()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -359,11 +426,13 @@ class _ForkPool:
             task.future.cancel()
         self._wake()
         if wait and self._thread is not threading.current_thread():
-            self._thread.join()
+            with _QUIESCE_LOCK:  # not while paused: the dispatcher is about to resume
+                thread = self._thread
+            thread.join()
 
     @property
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return not self._paused and not self._thread.is_alive()
 
     def terminate(self, grace_s: float = 0.0) -> None:
         """Cancel queued chunks; kill workers still running after ``grace_s`` seconds.
@@ -373,13 +442,15 @@ class _ForkPool:
         self.shutdown(wait=False, cancel_futures=True)
         if self._thread is threading.current_thread():
             return
-        self._thread.join(grace_s)
-        if self._thread.is_alive():
+        with _QUIESCE_LOCK:
+            thread = self._thread
+        thread.join(grace_s)
+        if thread.is_alive():
             with self._lock:
                 self._queue.clear()  # nothing more may start
             for worker in list(self._workers):
                 worker.kill()
-            self._thread.join()
+            thread.join()
 
     def _wake(self) -> None:
         # Under the lock: once the dispatcher has closed the pipe, its fd number
@@ -432,12 +503,13 @@ class _ForkPool:
         try:
             self._loop()
         except BaseException as exc:
-            # E.g. forking a replacement worker failed (out of memory). Fail
-            # everything this pool holds rather than leave callers waiting.
+            # E.g. the zygote died. Fail everything this pool holds rather than
+            # leave callers waiting.
             self._broken = exc
             self._fail_all(exc)
         finally:
-            self._stop_workers()
+            if not self._paused:
+                self._stop_workers()
 
     def _fail_all(self, cause: BaseException) -> None:
         with self._lock:
@@ -460,6 +532,9 @@ class _ForkPool:
         while True:
             self._dispatch()
             with self._lock:
+                if self._pause_requested:
+                    self._paused = True
+                    return
                 if (
                     self._closing
                     and not self._queue

@@ -8,6 +8,7 @@ workers share the caller's memory.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
@@ -31,7 +32,39 @@ class ThreadBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
-        self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="smartexec-thread")
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending = 0  # chunks submitted and not finished
+        self._closed = False
+        _LIVE_THREAD_BACKENDS.add(self)
+
+    def _take_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.max_workers, thread_name_prefix="smartexec-thread"
+                )
+            self._pending += 1
+            return self._pool
+
+    def _finished(self, _: Future[Any]) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    def release_idle(self) -> None:
+        """Let the pool's threads exit if no chunk is pending (a new pool starts on demand).
+
+        The fork backend calls it before forking, so that the fork copies no
+        idle thread of ours.
+        """
+        with self._lock:
+            pool = self._pool if self._pending == 0 else None
+            if pool is not None:
+                self._pool = None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:
@@ -53,15 +86,36 @@ class ThreadBackend(Backend):
         chunk has run that many seconds, and the call runs on in its thread
         (holding that worker) until it returns; its result is dropped.
         """
-        if timeout_s is None:
-            return self._pool.submit(run_chunk, fn, chunk, False, budget_s)
-        outer: Future[ChunkResult] = Future()
-        inner = self._pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s)
+        pool = self._take_pool()
+        try:
+            if timeout_s is None:
+                future = pool.submit(run_chunk, fn, chunk, False, budget_s)
+                future.add_done_callback(self._finished)
+                return future
+            outer: Future[ChunkResult] = Future()
+            inner = pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s)
+        except BaseException:
+            self._finished(None)  # type: ignore[arg-type]
+            raise
+        inner.add_done_callback(self._finished)
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         return outer
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+_LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
+
+
+def release_idle_thread_pools() -> None:
+    """Let every idle thread backend's threads exit (see :meth:`ThreadBackend.release_idle`)."""
+    for backend in list(_LIVE_THREAD_BACKENDS):
+        backend.release_idle()
 
 
 def _run_with_deadline(
@@ -90,6 +144,7 @@ def _run_with_deadline(
             pass  # finished just in time
 
     timer = threading.Timer(timeout_s, expire)
+    timer.name = "smartexec-deadline"
     timer.daemon = True
     timer.start()
     try:

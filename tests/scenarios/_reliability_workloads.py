@@ -58,3 +58,15 @@ def nested_map(n):
     with SmartExecutor() as ex:
         results = list(ex.map(square, range(n)))
         return results, ex.explain(square).backend, len(ex.decisions())
+
+
+#: Held by a background thread in test_fork_safety: a worker forked from the
+#: parent would inherit it locked.
+LOCK = threading.Lock()
+
+
+def take_the_lock(_):
+    got = LOCK.acquire(timeout=5)
+    if got:
+        LOCK.release()
+    return got

@@ -1,0 +1,125 @@
+"""Issue 6, point 5: never fork from our own threads, nor while they run; route
+around the user's threads.
+
+A fork copies every lock that another thread holds at that instant. smartexec
+forks only in the caller's thread (one zygote per pool, which forks the
+workers), pauses its own dispatcher threads and releases its idle thread-pool
+threads around that fork, and sends work that need not be forked to loky while
+the user's own threads run.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from smartexec import SmartExecutor
+
+from .. import _children
+from . import _reliability_workloads as w
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_no_fork_happens_while_a_thread_of_ours_runs():
+    # Every fork in the child is recorded with the threads alive at that moment:
+    # a crash replacement, a new pool generation while the old one runs, a fork
+    # after the thread backend was used, and a timeout replacement.
+    result = _children.run_python(
+        """
+        import os, threading, warnings
+        warnings.simplefilter("error", DeprecationWarning)  # 3.12+: forking with threads
+        seen = []
+        real_fork = os.fork
+        def fork():
+            seen.append(sorted(t.name for t in threading.enumerate()
+                               if t is not threading.current_thread()))
+            return real_fork()
+        os.fork = fork
+
+        import numpy as np
+        from smartexec import SmartExecutor, WorkerCrashedError, TaskTimeoutError
+        from tests.scenarios import _reliability_workloads as w
+
+        class Big:
+            def __init__(self):
+                self.data = np.ones(1 << 18)
+            def get(self, i):
+                return float(self.data[i])
+
+        with SmartExecutor(2, task_timeout=2) as ex:
+            ex.submit(w.square, 2).result()                   # pool 1
+            assert list(ex.map(abs, [-1, -2], chunksize=1))  # threads may start
+            try:
+                ex.submit(w.kill_self_at, 3).result()         # crash: replacement
+            except WorkerCrashedError:
+                pass
+            try:
+                ex.submit(w.sleep_then_return, 30).result()   # timeout: replacement
+            except TaskTimeoutError:
+                pass
+            big = Big()
+            assert ex.submit(big.get, 1).result() == 1.0      # pool 2, pool 1 alive
+            with SmartExecutor(backend="thread") as threads:
+                threads.submit(w.square, 3).result()
+                other = Big()
+                assert ex.submit(other.get, 2).result() == 1.0  # pool 3
+        ours = [names for names in seen if any(n.startswith("smartexec-") for n in names)]
+        print("forks", len(seen), "with our threads", ours)
+        """,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "with our threads []" in result.stdout, result.stdout
+
+
+def test_the_users_threads_send_forkable_work_to_loky_and_say_why():
+    stop = threading.Event()
+    holding = threading.Event()
+
+    def hold():
+        with w.LOCK:
+            holding.set()
+            stop.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    holding.wait(10)
+    try:
+        with SmartExecutor(2) as ex:
+            decision = ex.explain(w.take_the_lock)
+            assert decision.backend == "loky", str(decision)
+            assert "other thread" in str(decision)
+            # loky's workers start without forking us: the lock is free there
+            assert list(ex.map(w.take_the_lock, range(4), chunksize=1)) == [True] * 4
+    finally:
+        stop.set()
+        holder.join(10)
+    with SmartExecutor(2) as ex:  # the thread is gone: fork again
+        assert ex.explain(w.take_the_lock).backend == "fork"
+
+
+def test_a_shared_object_still_forks_with_the_users_threads_and_says_so():
+    import numpy as np
+
+    class Big:
+        def __init__(self):
+            self.data = np.ones(1 << 18)
+
+        def get(self, i):
+            return float(self.data[i])
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, args=(60,), daemon=True)
+    thread.start()
+    try:
+        with SmartExecutor(2) as ex:
+            big = Big()
+            decision = ex.explain(big.get)
+            assert decision.backend == "fork" and decision.share
+            assert "zygote" in str(decision)
+            assert ex.submit(big.get, 0).result(timeout=60) == 1.0
+    finally:
+        stop.set()
+        thread.join(10)
