@@ -40,11 +40,11 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from .. import trampoline
+from .. import trampoline, transport
 from .._blas import cap_in_this_process, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
-from .._remote import Call, ChunkResult, dumps, loads, remote_exception, run_chunk
+from .._remote import Call, ChunkResult, dumps, remote_exception, run_chunk
 from ..errors import PayloadPicklingError, RemoteError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
@@ -79,7 +79,7 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
             return
         result: ChunkResult | None = None
         try:
-            fn, chunk, budget_s = loads(data)
+            fn, chunk, budget_s = transport.loads_request(data)
         except BaseException as exc:
             reply: tuple[str, Any] = ("error", remote_exception(exc))
         else:
@@ -88,10 +88,10 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
             reply = ("ok", result)
             del fn, chunk
         try:
-            payload = dumps(reply)
+            payload = transport.dumps_reply(reply)
         except BaseException:
             assert result is not None
-            payload = dumps(("ok", _picklable_outcomes(result)))
+            payload = transport.dumps_reply(("ok", _picklable_outcomes(result)))
         del reply, result
         try:
             conn.send_bytes(payload)
@@ -363,7 +363,7 @@ class _ForkPool:
         task, worker.task = worker.task, None
         assert task is not None
         try:
-            status, value = loads(data)
+            status, value = transport.loads_reply(data)
         except BaseException as exc:
             task.future.set_exception(
                 RemoteError(
@@ -476,6 +476,7 @@ class ForkBackend(Backend):
         self._pool: _ForkPool | None = None
         self._retired: list[_ForkPool] = []
         self._closed = False
+        self._cache = transport.ObjectCache()  # big arguments seen twice: sent once
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -568,13 +569,19 @@ class ForkBackend(Backend):
         else:
             target, keepalive, token, name = fn, None, None, callable_name(fn)
         try:
-            payload = dumps((target, list(chunk), budget_s))
+            payload, lease = transport.dumps_request(target, chunk, budget_s, cache=self._cache)
         except Exception as exc:
             raise pickling_error(
                 keepalive if keepalive is not None else fn, chunk, exc, self.name
             ) from exc
-        with self._lock:  # no other thread may retire the pool in between
-            return self._pool_covering(token).submit(payload, keepalive, name)
+        try:
+            with self._lock:  # no other thread may retire the pool in between
+                future = self._pool_covering(token).submit(payload, keepalive, name)
+        except BaseException:
+            lease.release()
+            raise
+        lease.release_when_done(future)  # its shared-memory segments live until then
+        return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -582,6 +589,7 @@ class ForkBackend(Backend):
             pools = [p for p in (*self._retired, self._pool) if p is not None]
         for pool in pools:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self._cache.close()
 
 
 def _shutdown_all_pools() -> None:
