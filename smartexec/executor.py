@@ -257,25 +257,31 @@ class SmartExecutor(Executor):
         return decision
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
-        """Let fork workers see the current state of a shared callable's object.
+        """Let workers see the current state of a shared callable's object.
 
-        A callable shared by copy-on-write (``explain(fn).share``) reaches each
-        fork worker as the copy of its object that existed when that worker
-        was forked: changes the parent makes afterwards (``model.bias = 2``)
-        are not seen by later chunks. Call ``refresh(fn)`` after such a change;
-        the next chunks of ``fn`` run on workers forked from the current state.
+        A callable shared by copy-on-write (``explain(fn).share`` on fork)
+        reaches each fork worker as the copy of its object that existed when
+        that worker was forked; one sent once per worker (``share`` on loky)
+        as the copy pickled at its first chunk. Changes the parent makes
+        afterwards (``model.bias = 2``) are not seen by later chunks. Call
+        ``refresh(fn)`` after such a change: the next chunks of ``fn`` run on
+        workers forked from, or sent, the current state.
 
         Args:
             fn: the callable, e.g. ``model.predict``.
 
         Returns:
-            True when ``fn`` was shared with fork workers (and is now
-            refreshed), False when nothing needed doing.
+            True when ``fn`` was shared with workers (and is now refreshed),
+            False when nothing needed doing.
         """
         with self._lock:
-            backend = self._backends.get("fork")
-        refresh = getattr(backend, "refresh", None)
-        return bool(refresh(fn)) if refresh is not None else False
+            backends = list(self._backends.values())
+        refreshed = False
+        for backend in backends:  # fork's copy-on-write, loky's per-worker cache
+            refresh = getattr(backend, "refresh", None)
+            if refresh is not None and refresh(fn):
+                refreshed = True
+        return refreshed
 
     def decisions(self) -> tuple[Decision, ...]:
         """Return the routing decisions this executor made, oldest first.
@@ -367,6 +373,8 @@ class SmartExecutor(Executor):
                 else "timeout given"
                 if timeout is not None
                 else "shared by copy-on-write"
+                if backend.copy_on_write
+                else "sent once per worker"
             )
             self._note(
                 decision,
