@@ -42,7 +42,7 @@ def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
         (profile("bound_method", state=BIG), NO_FORK, Options(prefer="processes"), "loky", True),
         # ... unless threads fit: asked for, known to release the GIL, or no GIL
         (profile("bound_method", state=BIG), NO_FORK, Options(prefer="threads"), "thread", False),
-        (profile("bound_method", state=BIG, gil_hint="hashes"), NO_FORK, Options(), "thread", False),
+        (profile("bound_method", state=BIG, gil_hint="h"), NO_FORK, Options(), "thread", False),
         (profile("bound_method", state=BIG), NO_FORK_FREE_THREADED, Options(), "thread", False),
         # unpicklable state: fork shares it, elsewhere the pickling error names it
         (profile("closure", by_reference=False, state=LOCKED), LINUX, Options(), "fork", True),
