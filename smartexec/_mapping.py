@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._remote import Call, ChunkResult, dumps
+from ._remote import Call, ChunkResult
+from .transport import estimate_send_s
 from .tuning import PROBE_S, Estimate, Verdict, chunk_budget_s, chunksize, default_chunksize
 
 __all__ = [
@@ -330,16 +331,19 @@ PICKLE_SAMPLE = 64
 
 
 def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
-    """Time pickling a sample of arguments and results; store the per-item cost."""
+    """Time sending a sample of arguments and results; store the per-item cost.
+
+    Big buffers are not pickled but counted at the cost of putting them in
+    shared memory, as :mod:`smartexec.transport` will (so a sample of 16 MB
+    arrays costs microseconds to measure, not a 16 MB pickle each).
+    """
     if not results:
         return
-    begin = time.perf_counter()
     try:
-        dumps((args, results))
+        seconds = estimate_send_s((args, results))
     except Exception:
         return  # sending will raise a clear error later
-    # dumps here and loads on the other side: about twice the dumps time
-    estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / len(results)
+    estimate.pickle_parent_s = seconds / len(results)
 
 
 def drain(results: list[Any]) -> Iterator[Any]:
