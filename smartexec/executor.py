@@ -373,8 +373,10 @@ class SmartExecutor(Executor):
                 else "timeout given"
                 if timeout is not None
                 else "shared by copy-on-write"
-                if backend.copy_on_write
+                if decision.share and backend.copy_on_write
                 else "sent once per worker"
+                if decision.share
+                else "threads: nothing to measure first"
             )
             self._note(
                 decision,
