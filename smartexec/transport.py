@@ -376,11 +376,12 @@ def serve_request(data: bytes) -> bytes:
 
 
 def estimate_send_s(obj: Any) -> float:
-    """Seconds the parent spends sending ``obj`` to a worker one way.
+    """Seconds the parent spends on ``obj`` in a round trip to a worker.
 
-    Pickles ``obj`` into nothing, with big buffers out of band (not copied),
-    and adds the time to write those buffers into shared memory at
-    :data:`SHM_WRITE_S_PER_BYTE`.
+    Pickles ``obj`` into nothing with big buffers out of band (not copied),
+    counts the stream twice (pickled on one side, unpickled on the other)
+    and big buffers once, at :data:`SHM_WRITE_S_PER_BYTE`: they are written
+    into shared memory once and mapped, not copied, on the other side.
 
     Raises:
         Exception: whatever pickling ``obj`` raises.
@@ -400,7 +401,7 @@ def estimate_send_s(obj: Any) -> float:
 
     start = time.perf_counter()
     _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=offer).dump(obj)
-    return time.perf_counter() - start + big * SHM_WRITE_S_PER_BYTE
+    return 2 * (time.perf_counter() - start) + big * SHM_WRITE_S_PER_BYTE
 
 
 # -- objects sent once -----------------------------------------------------------
@@ -557,6 +558,14 @@ class ObjectCache:
         """Return ``calls`` with each cached (or now cacheable) argument replaced by its ref."""
         atomic = _ATOMIC
         out: list[Call] = []
+        # An object passed twice within this chunk is a repeat from its first call on.
+        counts: collections.Counter[int] = collections.Counter(
+            id(a)
+            for args, kwargs in calls
+            for a in (*args, *kwargs.values())
+            if type(a) not in atomic
+        )
+        repeated = {ident for ident, n in counts.items() if n > 1}
         for call in calls:
             self._calls += 1
             args, kwargs = call
@@ -565,8 +574,8 @@ class ObjectCache:
                 continue
             out.append(
                 (
-                    tuple([self._argument(a, lease) for a in args]),
-                    {k: self._argument(v, lease) for k, v in kwargs.items()},
+                    tuple([self._argument(a, lease, repeated) for a in args]),
+                    {k: self._argument(v, lease, repeated) for k, v in kwargs.items()},
                 )
             )
         return out
@@ -605,7 +614,7 @@ class ObjectCache:
 
     # -- internals ---------------------------------------------------------------
 
-    def _argument(self, obj: Any, lease: Lease) -> Any:
+    def _argument(self, obj: Any, lease: Lease, repeated: set[int]) -> Any:
         kind = type(obj)
         if kind in _ATOMIC:
             return obj
@@ -621,6 +630,8 @@ class ObjectCache:
                 self._pin(entry, lease)
                 return entry.ref
             last = self._seen.get(id(obj))
+            if id(obj) in repeated and (last is None or last >= 0):
+                last = self._calls
             if last is None or (last >= 0 and self._calls - last > RECENT_CALLS):
                 # first (recent) sighting: remember the identity only; an id
                 # reused by a new object at worst caches that one
