@@ -65,6 +65,7 @@ import struct
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
@@ -546,12 +547,19 @@ class ObjectCache:
 
     # -- what requests use -----------------------------------------------------
 
-    def callable_ref(self, fn: Any, lease: Lease) -> CachedRef:
-        """The :class:`CachedRef` for callable ``fn``, made (pickled once) at first use.
+    def callable_ref(self, fn: Any, lease: Lease) -> Any:
+        """What a request carries for callable ``fn``: a reference, pickled once at first use.
+
+        A bound method is cached as its ``__self__`` (every method of one
+        object shares the entry); the request carries the function by
+        reference and the object by :class:`CachedRef`.
 
         Raises:
             Exception: whatever pickling ``fn`` raises.
         """
+        owner = _bound_owner(fn)
+        if owner is not None:
+            return _BoundRef(fn.__func__, self._ref(owner, ("s", id(owner)), True, lease))
         return self._ref(fn, identity_key(fn), True, lease)
 
     def substitute(self, calls: Sequence[Call], lease: Lease) -> list[Call]:
@@ -593,9 +601,11 @@ class ObjectCache:
         Returns:
             True when ``fn`` was cached.
         """
+        owner = _bound_owner(fn)
+        target, ident = (fn, identity_key(fn)) if owner is None else (owner, ("s", id(owner)))
         with self._lock:
-            entry = self._entries.get(identity_key(fn))
-            if entry is None or not entry.handle.matches(fn):
+            entry = self._entries.get(ident)
+            if entry is None or not entry.handle.matches(target):
                 return False
             self._retire(entry)
             return True
@@ -735,6 +745,30 @@ class ObjectCache:
             return
         for name in entry.segments:
             _shm.unlink(name)
+
+
+def _bound_owner(fn: Any) -> Any:
+    """The instance a Python method is bound to, or None (classmethods, functions)."""
+    if isinstance(fn, types.MethodType) and not isinstance(fn.__self__, type):
+        return fn.__self__
+    return None
+
+
+def _bind(func: Any, obj: Any) -> Any:
+    return types.MethodType(func, obj)
+
+
+class _BoundRef:
+    """A bound method whose instance travels as a :class:`CachedRef`."""
+
+    __slots__ = ("func", "ref")
+
+    def __init__(self, func: Any, ref: CachedRef):
+        self.func = func
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _bind, (self.func, self.ref)
 
 
 def _reusable(obj: Any) -> bool:
