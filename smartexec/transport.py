@@ -539,7 +539,8 @@ class ObjectCache:
         self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
         self._live: dict[int, _Entry] = {}  # key -> entry whose segments exist
         #: id -> call number of its last sighting, or -1 when known to be small
-        self._seen: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._seen: dict[int, int] = {}
+        self._argument_ids: dict[int, _Entry] = {}  # id -> entry of a cached argument
         self._calls = 0
         self._keys = itertools.count(1)
         self._max_key = 0
@@ -562,31 +563,53 @@ class ObjectCache:
             return _BoundRef(fn.__func__, self._ref(owner, ("s", id(owner)), True, lease))
         return self._ref(fn, identity_key(fn), True, lease)
 
-    def substitute(self, calls: Sequence[Call], lease: Lease) -> list[Call]:
-        """Return ``calls`` with each cached (or now cacheable) argument replaced by its ref."""
-        atomic = _ATOMIC
-        out: list[Call] = []
+    def substitute(self, calls: Sequence[Call], lease: Lease) -> Sequence[Call]:
+        """Return ``calls`` with each cached (or now cacheable) argument replaced by its ref.
+
+        Only arguments that may be big (:func:`_may_be_big`) are looked at.
+        A long chunk is scanned in full only when its first
+        :data:`SHORT_CHUNK` calls hold such an argument or this cache holds
+        arguments already: a map of small items pays a few microseconds per
+        chunk, not per item. Missing a repeat only costs sending it again.
+        """
+        n = len(calls)
+        base = self._calls
+        self._calls += n
+        np = sys.modules.get("numpy")
+        found = self._candidates(calls[:SHORT_CHUNK], 0, np)
+        if n > SHORT_CHUNK and (found or self._argument_ids):
+            found += self._candidates(calls[SHORT_CHUNK:], SHORT_CHUNK, np)
+        if not found:
+            return calls
         # An object passed twice within this chunk is a repeat from its first call on.
-        counts: collections.Counter[int] = collections.Counter(
-            id(a)
-            for args, kwargs in calls
-            for a in (*args, *kwargs.values())
-            if type(a) not in atomic
-        )
-        repeated = {ident for ident, n in counts.items() if n > 1}
-        for call in calls:
-            self._calls += 1
-            args, kwargs = call
-            if not kwargs and all(type(a) in atomic for a in args):
-                out.append(call)
+        counts = collections.Counter(id(obj) for _, _, obj in found)
+        out = list(calls)
+        for index, position, obj in found:
+            ref = self._argument(obj, lease, base + index, counts[id(obj)] > 1)
+            if ref is obj:
                 continue
-            out.append(
-                (
-                    tuple([self._argument(a, lease, repeated) for a in args]),
-                    {k: self._argument(v, lease, repeated) for k, v in kwargs.items()},
-                )
-            )
+            args, kwargs = out[index]
+            if isinstance(position, int):
+                args = (*args[:position], ref, *args[position + 1 :])
+            else:
+                kwargs = {**kwargs, position: ref}
+            out[index] = (args, kwargs)
         return out
+
+    def _candidates(self, calls: Sequence[Call], start: int, np: Any) -> list[tuple[int, Any, Any]]:
+        """``(call index, position or keyword, object)`` of each argument that may be big."""
+        threshold = self.threshold_bytes
+        atomic = _ATOMIC
+        found = []
+        for index, (args, kwargs) in enumerate(calls, start):
+            for position, arg in enumerate(args):
+                if type(arg) not in atomic and _may_be_big(arg, threshold, np):
+                    found.append((index, position, arg))
+            if kwargs:
+                for key, arg in kwargs.items():
+                    if type(arg) not in atomic and _may_be_big(arg, threshold, np):
+                        found.append((index, key, arg))
+        return found
 
     def prune_info(self) -> tuple[int, int, frozenset[int], int] | None:
         """What workers need to drop let-go entries, or None if nothing was ever cached."""
@@ -624,36 +647,33 @@ class ObjectCache:
 
     # -- internals ---------------------------------------------------------------
 
-    def _argument(self, obj: Any, lease: Lease, repeated: set[int]) -> Any:
-        kind = type(obj)
-        if kind in _ATOMIC:
-            return obj
-        if (kind is str or kind is bytes) and len(obj) < self.threshold_bytes:
-            return obj
+    def _argument(self, obj: Any, lease: Lease, call: int, repeated: bool) -> Any:
+        """The ref for argument ``obj`` of call number ``call``, or ``obj`` itself."""
         ident = ("a", id(obj))
+        entry = self._entries.get(ident)
+        if entry is not None and entry.handle.matches(obj):
+            with self._lock:
+                if self._entries.get(ident) is entry and not self._closed:
+                    self._entries.move_to_end(ident)
+                    self._pin(entry, lease)
+                    return entry.ref
+        seen = self._seen
+        last = seen.get(id(obj))
+        if last is not None and last < 0:  # known to be small
+            return obj
+        if not repeated and (last is None or call - last > RECENT_CALLS):
+            # First (recent) sighting: remember the identity only. An id reused
+            # by a new object at worst caches that one. No lock: a race only
+            # blurs this heuristic.
+            if len(seen) >= SEEN_IDS:
+                seen.clear()
+            seen[id(obj)] = call
+            return obj
+        if not self._is_big(obj):
+            seen[id(obj)] = -1
+            return obj
         with self._lock:
             if self._closed:
-                return obj
-            entry = self._entries.get(ident)
-            if entry is not None and entry.handle.matches(obj):
-                self._entries.move_to_end(ident)
-                self._pin(entry, lease)
-                return entry.ref
-            last = self._seen.get(id(obj))
-            if id(obj) in repeated and (last is None or last >= 0):
-                last = self._calls
-            if last is None or (last >= 0 and self._calls - last > RECENT_CALLS):
-                # first (recent) sighting: remember the identity only; an id
-                # reused by a new object at worst caches that one
-                self._seen[id(obj)] = self._calls
-                self._seen.move_to_end(id(obj))
-                if len(self._seen) > SEEN_IDS:
-                    self._seen.popitem(last=False)
-                return obj
-            if last < 0:  # known to be small
-                return obj
-            if not self._is_big(obj):
-                self._seen[id(obj)] = -1
                 return obj
             return self._ref(obj, ident, _reusable(obj), lease)
 
@@ -704,6 +724,8 @@ class ObjectCache:
 
         entry = _Entry(self, key, WeakCallable(obj, on_death), ref)
         self._entries[ident] = entry
+        if ident[0] == "a":  # type: ignore[index]
+            self._argument_ids[id(obj)] = entry
         self._live[key] = entry
         self._bound()
         return entry
@@ -726,6 +748,8 @@ class ObjectCache:
         for ident, current in list(self._entries.items()):
             if current is entry:
                 del self._entries[ident]
+                if ident[0] == "a":  # type: ignore[index]
+                    self._argument_ids.pop(ident[1], None)  # type: ignore[index]
         entry.retired = True
         if entry.pins == 0:
             self._free(entry)
@@ -745,6 +769,44 @@ class ObjectCache:
             return
         for name in entry.segments:
             _shm.unlink(name)
+
+
+#: Calls of a chunk always scanned for arguments worth caching.
+SHORT_CHUNK = 16
+#: A container with fewer items than this is not worth caching by itself (its
+#: big arrays, if any, still go through shared memory with each chunk).
+MIN_CONTAINER_ITEMS = 1024
+_CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
+#: A container up to this long is looked into by :func:`_may_be_big`.
+_SHORT_CONTAINER = 64
+
+
+def _may_be_big(obj: Any, threshold: int, np: Any, depth: int = 2) -> bool:
+    """A cheap guess: could ``obj`` pickle to ``threshold`` bytes or more?
+
+    Exact for strings, bytes and numpy arrays; a container is big when it has
+    many items or, looking ``depth`` levels into a short one, holds something
+    that may be big (``{"rows": big_list}``); any other object may be.
+    """
+    kind = type(obj)
+    if kind is str or kind is bytes or kind is bytearray:
+        return len(obj) >= threshold
+    if kind in _CONTAINERS:
+        if len(obj) >= MIN_CONTAINER_ITEMS:
+            return True
+        if depth <= 0 or len(obj) > _SHORT_CONTAINER:
+            return False
+        items = obj.values() if kind is dict else obj
+        return any(
+            type(item) not in _ATOMIC and _may_be_big(item, threshold, np, depth - 1)
+            for item in items
+        )
+    if np is not None:
+        if kind is np.ndarray:
+            return bool(obj.nbytes >= threshold)
+        if isinstance(obj, np.generic):
+            return False
+    return True
 
 
 def _bound_owner(fn: Any) -> Any:
