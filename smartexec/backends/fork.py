@@ -457,7 +457,9 @@ class ForkBackend(Backend):
 
     Callables prepared with ``share=True`` reach workers by copy-on-write
     through :mod:`smartexec.trampoline` and are never pickled. Other callables
-    and all arguments are pickled with cloudpickle (protocol 5).
+    and all arguments are pickled by :mod:`smartexec.transport` (cloudpickle,
+    protocol 5): numpy buffers of 1 MiB or more, both ways, through shared
+    memory; an argument object repeated across calls, once.
     """
 
     name = "fork"
