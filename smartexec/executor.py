@@ -133,7 +133,11 @@ class SmartExecutor(Executor):
             unless the callable's state must not be pickled.
         big_state_bytes: callables whose state (bound object, closure cells,
             partial arguments) pickles to more bytes than this are shared with
-            fork workers by copy-on-write instead of pickled. Default 1 MiB.
+            fork workers by copy-on-write instead of pickled (without fork:
+            sent once to each loky worker and kept there). Default 1 MiB.
+            Numpy arrays of 1 MiB or more, arguments and results alike,
+            always cross to process workers through shared memory
+            (:mod:`smartexec.transport`).
 
     Raises:
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
