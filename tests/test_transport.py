@@ -18,6 +18,8 @@ import pytest
 from smartexec import _shm, transport
 from smartexec._remote import ChunkResult
 
+pytestmark = pytest.mark.timeout(60)  # one test forks a child
+
 MiB = 1 << 20
 BIG = transport.BIG_BUFFER_BYTES
 
