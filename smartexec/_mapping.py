@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._remote import Call, ChunkResult, dumps
+from ._remote import Call, ChunkResult
 from .errors import TaskTimeoutError, WorkerCrashedError
+from .transport import estimate_send_s
 from .tuning import PROBE_S, Estimate, Verdict, chunk_budget_s, chunksize, default_chunksize
 
 __all__ = [
@@ -364,33 +365,31 @@ def common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
 PICKLE_SAMPLE = 64
 
 
-#: measure_pickling stops sampling once this many bytes were pickled: enough
-#: to time a memory copy, and no more (64 items of 4 MiB took 60 ms).
-PICKLE_SAMPLE_BYTES = 4 << 20
+#: measure_pickling stops sampling once this many seconds were spent: enough
+#: to time a copy, and no more (64 items of 4 MiB bytes took 60 ms in one go).
+PICKLE_SAMPLE_S = 0.005
 
 
 def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
-    """Time pickling a sample of arguments and results; store the per-item cost.
+    """Time sending a sample of arguments and results; store the per-item cost.
 
-    Pickles item by item, at most ``len(results)`` items and until
-    :data:`PICKLE_SAMPLE_BYTES` bytes were produced.
+    Item by item, until :data:`PICKLE_SAMPLE_S` seconds were spent. Big
+    buffers are not pickled but counted at the cost of putting them in shared
+    memory, as :mod:`smartexec.transport` will (so a sample of 16 MB arrays
+    costs microseconds to measure, not a 16 MB pickle each).
     """
-    if not results:
-        return
-    size = 0
+    seconds = 0.0
     items = 0
-    begin = time.perf_counter()
     try:
         for item in zip(args, results):
-            size += len(dumps(item))
+            seconds += estimate_send_s(item)
             items += 1
-            if size >= PICKLE_SAMPLE_BYTES:
+            if seconds >= PICKLE_SAMPLE_S:
                 break
     except Exception:
         return  # sending will raise a clear error later
     if items:
-        # dumps here and loads on the other side: about twice the dumps time
-        estimate.pickle_parent_s = 2 * (time.perf_counter() - begin) / items
+        estimate.pickle_parent_s = seconds / items
 
 
 def drain(results: list[Any]) -> Iterator[Any]:

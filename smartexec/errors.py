@@ -26,12 +26,12 @@ __all__ = [
 class PayloadPicklingError(pickle.PicklingError):
     """A callable or argument cannot be sent to worker processes.
 
-    Backends that pickle in the submitting thread (``fork``) raise it from
-    ``SmartExecutor.submit`` / ``map`` before any work is queued; backends that
-    pickle later (``loky``) set it on the future, so it is raised by
-    ``result()`` or while iterating ``map``'s results. A result that cannot be
-    pickled back from a worker is reported the same way, with
-    ``where == "result"``.
+    The built-in process backends (``fork``, ``loky``) pickle in the
+    submitting thread and raise it from ``SmartExecutor.submit`` / ``map``
+    before any work is queued; a plugin backend that pickles later sets it on
+    the future, so it is raised by ``result()`` or while iterating ``map``'s
+    results. A result that cannot be pickled back from a worker is reported on
+    the future, with ``where == "result"``.
 
     Attributes:
         obj: the object that could not be pickled (the callable, an argument,

@@ -245,7 +245,11 @@ class SmartExecutor(Executor):
             unless the callable's state must not be pickled.
         big_state_bytes: callables whose state (bound object, closure cells,
             partial arguments) pickles to more bytes than this are shared with
-            fork workers by copy-on-write instead of pickled. Default 1 MiB.
+            fork workers by copy-on-write instead of pickled (without fork:
+            sent once to each loky worker and kept there). Default 1 MiB.
+            Numpy arrays of 1 MiB or more, arguments and results alike,
+            always cross to process workers through shared memory
+            (:mod:`smartexec.transport`).
         task_timeout: seconds one task (one item) may run once started.
             On the fork backend a task over it is stopped (its worker is
             killed and replaced) and its future raises
@@ -491,14 +495,14 @@ class SmartExecutor(Executor):
     def refresh(self, fn: Callable[..., Any]) -> bool:
         """Let workers see the current state of a shared callable's object.
 
-        A callable shared by copy-on-write (``explain(fn).share``) reaches each
-        fork worker as the copy of its object that existed when that worker
-        was forked; on the dask backend a callable with big state is
-        scattered to the cluster once. Either way, changes the parent makes
+        A callable shared by copy-on-write (``explain(fn).share`` on fork)
+        reaches each fork worker as the copy of its object that existed when
+        that worker was forked; one sent once per worker (``share`` on loky)
+        as the copy pickled at its first chunk; on the dask backend a callable
+        with big state is scattered to the cluster once. Changes the parent makes
         afterwards (``model.bias = 2``) are not seen by later chunks. Call
-        ``refresh(fn)`` after such a change; the next chunks of ``fn`` run on
-        workers forked from (or sent) the current state. On the dask backend
-        ``refresh(array)`` does the same for a big argument sent once.
+        ``refresh(fn)`` after such a change: the next chunks of ``fn`` run on
+        workers forked from, or sent, the current state.
 
         Args:
             fn: the callable, e.g. ``model.predict`` (or, on the dask backend,
@@ -641,8 +645,10 @@ class SmartExecutor(Executor):
                 else "task_timeout given"
                 if task_timeout is not None
                 else "shared by copy-on-write"
+                if decision.share and backend.copy_on_write
+                else "sent once per worker"
                 if decision.share
-                else "threads measure in the workers"
+                else "threads: nothing to measure first"
             )
             self._note(
                 decision,

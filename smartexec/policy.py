@@ -13,6 +13,7 @@ the call                                      backend     why
 ``backend=`` given                            that one    the user decides
 state that cannot be pickled, fork available  fork        shared by copy-on-write, never pickled
 state over ``big_state_bytes``, fork avail.   fork        shared by copy-on-write, never pickled
+state over ``big_state_bytes``, no fork       loky        sent once per worker, cached there
 ``prefer="threads"``                          thread      the user's hint
 known GIL-releasing callable                  thread      no pickling, threads run in parallel
 free-threaded build (GIL disabled)            thread      threads run Python code in parallel
@@ -21,6 +22,11 @@ lambda / closure / nested / ``__main__``      loky        cloudpickle sends the 
 importable function, fork available           fork        real parallelism, fast worker start
 importable function, no fork                  loky        real parallelism
 ============================================  ==========  ==========================================
+
+"Sent once per worker" (``share=True`` on loky): the state is pickled once,
+its numpy buffers into shared memory, and each worker unpickles it at its
+first chunk and keeps it (:mod:`smartexec.transport`). The same happens when
+``backend="loky"`` is forced for a callable with big state.
 
 The last three rows hold for a callable that holds the GIL, or that has not
 been measured yet: their decisions have ``measure=True``, and the first
@@ -47,6 +53,11 @@ __all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
 BIG_STATE_BYTES = 1 << 20
 
 PREFER_VALUES = ("threads", "processes")
+
+_SENT_ONCE = (
+    "is sent once to each worker and cached there, its numpy buffers through "
+    "shared memory, rather than pickled with every chunk"
+)
 
 
 @dataclass(frozen=True)
@@ -232,10 +243,14 @@ def _decide(
     holder = profile.state_holder or "its state"
 
     if options.backend is not None:
-        share = options.backend == "fork" and stateful and (big or state.error is not None)
         reasons = [f"backend={options.backend!r} was given", what]
-        if share:
+        share = False
+        if options.backend == "fork" and stateful and (big or state.error is not None):
+            share = True
             reasons.append(f"{holder} ({state}) reaches fork workers by copy-on-write")
+        elif options.backend == "loky" and stateful and big and state.error is None:
+            share = True
+            reasons.append(f"{holder} ({state}) {_SENT_ONCE}")
         return Decision(options.backend, tuple(reasons), share=share, profile=profile)
 
     if state.error is not None:
@@ -271,15 +286,21 @@ def _decide(
                 share=True,
                 profile=profile,
             )
-        if options.prefer != "processes":
+        threads_fit = options.prefer == "threads" or (
+            options.prefer != "processes"
+            and (profile.gil_hint is not None or not platform.gil_enabled)
+        )
+        if not threads_fit:  # the rows below send such callables to threads
             return Decision(
-                "thread",
+                "loky",
                 (
                     what,
                     size,
-                    "start method 'fork' is not available here, so sending it to "
-                    "processes would pickle it with every chunk; threads share it",
+                    f"start method 'fork' is not available here, so it is {_SENT_ONCE}",
+                    "workers keep the copy they received: after changing it, call "
+                    "executor.refresh(fn); prefer='threads' shares it with no copy at all",
                 ),
+                share=True,
                 profile=profile,
             )
 

@@ -11,6 +11,7 @@ from smartexec.policy import BIG_STATE_BYTES, Options, decide
 LINUX = Platform(("fork", "spawn", "forkserver"), 2, True, (3, 12))
 NO_FORK = Platform(("spawn",), 2, True, (3, 12))
 FREE_THREADED = Platform(("fork", "spawn", "forkserver"), 2, False, (3, 13))
+NO_FORK_FREE_THREADED = Platform(("spawn",), 2, False, (3, 13))
 
 BIG = PayloadSize(BIG_STATE_BYTES + 1)
 HUGE_CAPPED = PayloadSize(64 << 20, capped=True)
@@ -35,9 +36,14 @@ def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
         (profile("lambda", by_reference=False, state=BIG), LINUX, Options(), "fork", True),
         # big state beats prefer="threads": pickling it per task is the worst case
         (profile("bound_method", state=BIG), LINUX, Options(prefer="threads"), "fork", True),
-        # no fork: threads share it rather than pickling it for every chunk
-        (profile("bound_method", state=BIG), NO_FORK, Options(), "thread", False),
-        (profile("bound_method", state=BIG), NO_FORK, Options(prefer="processes"), "loky", False),
+        # no fork: sent once to each loky worker and cached there
+        (profile("bound_method", state=BIG), NO_FORK, Options(), "loky", True),
+        (profile("partial", state=HUGE_CAPPED), NO_FORK, Options(), "loky", True),
+        (profile("bound_method", state=BIG), NO_FORK, Options(prefer="processes"), "loky", True),
+        # ... unless threads fit: asked for, known to release the GIL, or no GIL
+        (profile("bound_method", state=BIG), NO_FORK, Options(prefer="threads"), "thread", False),
+        (profile("bound_method", state=BIG, gil_hint="h"), NO_FORK, Options(), "thread", False),
+        (profile("bound_method", state=BIG), NO_FORK_FREE_THREADED, Options(), "thread", False),
         # unpicklable state: fork shares it, elsewhere the pickling error names it
         (profile("closure", by_reference=False, state=LOCKED), LINUX, Options(), "fork", True),
         (profile("closure", by_reference=False, state=LOCKED), NO_FORK, Options(), "loky", False),
@@ -58,7 +64,9 @@ def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
         (profile("bound_method", state=SMALL), LINUX, Options(), "fork", False),
         (profile("function"), NO_FORK, Options(), "loky", False),
         # forced backends win
-        (profile("bound_method", state=BIG), LINUX, Options(backend="loky"), "loky", False),
+        (profile("bound_method", state=BIG), LINUX, Options(backend="loky"), "loky", True),
+        (profile("bound_method", state=SMALL), LINUX, Options(backend="loky"), "loky", False),
+        (profile("closure", state=LOCKED), LINUX, Options(backend="loky"), "loky", False),
         (profile("function"), LINUX, Options(backend="inline"), "inline", False),
         (profile("bound_method", state=BIG), LINUX, Options(backend="fork"), "fork", True),
         (profile("bound_method", state=SMALL), LINUX, Options(backend="fork"), "fork", False),
@@ -142,3 +150,10 @@ def test_measured_gil_use_routes(prof, platform, options, measured, backend, mea
 def test_a_measured_decision_shows_its_evidence():
     text = str(decide(profile("function"), LINUX, Options(), HOLDS))
     assert "the GIL held 87%" in text and "threads would take turns" in text
+
+
+def test_no_fork_reasons_say_the_state_is_sent_once():
+    text = str(decide(profile("bound_method", state=BIG), NO_FORK, Options()))
+    assert "'fork' is not available" in text
+    assert "sent once to each worker" in text and "shared memory" in text
+    assert "refresh" in text

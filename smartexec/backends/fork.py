@@ -46,11 +46,11 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from .. import trampoline
+from .. import trampoline, transport
 from .._blas import cap_in_this_process, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
-from .._remote import Call, ChunkResult, dumps, dumps_reply, loads, run_chunk
+from .._remote import Call, ChunkResult
 from .._system import mark_worker_process
 from ..errors import RemoteError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
@@ -104,8 +104,13 @@ def _quiesced() -> Iterator[None]:
                 pool.resume()
 
 
-def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
-    """Worker loop (runs in the forked child): receive a chunk, run it, reply."""
+def _worker_main(conn: Any, parent_pid: int, blas_threads: int, owner_pid: int) -> None:
+    """Worker loop (runs in the forked child): receive a chunk, run it, reply.
+
+    ``parent_pid`` is the zygote's (the worker exits when it is gone);
+    ``owner_pid`` the executor's process, which owns the shared-memory
+    segments of the replies (:mod:`smartexec._shm`).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark_worker_process()
     cap_in_this_process(blas_threads)
@@ -120,14 +125,8 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int) -> None:
             return
         if not data:
             return
-        try:
-            fn, chunk, budget_s = loads(data)
-        except BaseException as exc:
-            payload = dumps_reply(None, exc)
-        else:
-            del data
-            payload = dumps_reply(run_chunk(fn, chunk, True, budget_s))
-            del fn, chunk
+        payload = transport.serve_request(data, owner=owner_pid)
+        del data
         try:
             conn.send_bytes(payload)
         except OSError:
@@ -216,7 +215,7 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
                 os.close(wake_r)
                 os.close(wake_w)
                 conn = multiprocessing.connection.Connection(worker_fd)
-                _worker_main(conn, zygote_pid, blas_threads)
+                _worker_main(conn, zygote_pid, blas_threads, parent_pid)
             except BaseException:
                 code = 1
             finally:
@@ -616,7 +615,7 @@ class _ForkPool:
         if task is None:
             return  # a reply after its chunk timed out
         try:
-            status, value = loads(data)
+            status, value = transport.loads_reply(data)
         except BaseException as exc:
             task.future.set_exception(
                 RemoteError(
@@ -728,7 +727,9 @@ class ForkBackend(Backend):
 
     Callables prepared with ``share=True`` reach workers by copy-on-write
     through :mod:`smartexec.trampoline` and are never pickled. Other callables
-    and all arguments are pickled with cloudpickle (protocol 5).
+    and all arguments are pickled by :mod:`smartexec.transport` (cloudpickle,
+    protocol 5): numpy buffers of 1 MiB or more, both ways, through shared
+    memory; an argument object repeated across calls, once.
     """
 
     name = "fork"
@@ -748,6 +749,7 @@ class ForkBackend(Backend):
         self._pool: _ForkPool | None = None
         self._retired: list[_ForkPool] = []
         self._closed = False
+        self._cache = transport.ObjectCache()  # big arguments seen twice: sent once
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -852,15 +854,21 @@ class ForkBackend(Backend):
         else:
             target, keepalive, token, name = fn, None, None, callable_name(fn)
         try:
-            payload = dumps((target, list(chunk), budget_s))
+            payload, lease = transport.dumps_request(target, chunk, budget_s, cache=self._cache)
         except Exception as exc:
             raise pickling_error(
                 keepalive if keepalive is not None else fn, chunk, exc, self.name
             ) from exc
-        with self._lock:  # no other thread may retire the pool in between
-            return self._pool_covering(token).submit(
-                payload, keepalive, name, timeout_s, len(chunk)
-            )
+        try:
+            with self._lock:  # no other thread may retire the pool in between
+                future = self._pool_covering(token).submit(
+                    payload, keepalive, name, timeout_s, len(chunk)
+                )
+        except BaseException:
+            lease.release()
+            raise
+        lease.release_when_done(future)  # its shared-memory segments live until then
+        return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -868,6 +876,7 @@ class ForkBackend(Backend):
             pools = [p for p in (*self._retired, self._pool) if p is not None]
         for pool in pools:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self._cache.close()
 
     def terminate(self) -> None:
         """Stop now: cancel queued chunks and kill the workers running chunks."""

@@ -12,6 +12,13 @@ When a loky worker dies, loky marks the whole pool broken and fails every
 pending future with ``TerminatedWorkerError`` (a ``BrokenProcessPool``). The
 backend then starts a fresh pool at the next submit, so the executor stays
 usable; the chunks that were pending when the worker died are not retried.
+
+Chunks are pickled by :mod:`smartexec.transport` in the submitting thread
+(loky then only moves bytes): big numpy buffers go through shared memory both
+ways, and a callable the policy marks ``share`` (big bound object, partial or
+closure state), like an argument object repeated across calls, is sent once
+to each worker and cached there. Loky workers are started fresh, with no
+copy-on-write, so without this every chunk would pickle the whole object.
 """
 
 from __future__ import annotations
@@ -22,16 +29,78 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from .. import transport
 from .._blas import thread_env, threads_per_worker
-from .._remote import Call, ChunkResult, run_chunk
+from .._diagnose import pickling_error
+from .._remote import Call, ChunkResult
 from .._system import WORKER_ENV
+from ..errors import RemoteError
+from ..inspection import callable_name
 from ._base import Backend
 
 __all__ = ["LokyBackend"]
 
 
+class _ReplyFuture(Future):  # type: ignore[type-arg]
+    """The chunk's future: completed from loky's future by unpickling the reply.
+
+    Cancelling it cancels loky's future; the request's lease is released when
+    loky's future is done, whatever happened.
+    """
+
+    def __init__(self, inner: Future[bytes], lease: transport.Lease, name: str):
+        super().__init__()
+        self._inner: Future[bytes] | None = inner
+        self._name = name
+        lease.release_when_done(inner)
+        inner.add_done_callback(self._transfer)
+
+    def _transfer(self, inner: Future[bytes]) -> None:
+        self._inner = None
+        if inner.cancelled():
+            Future.cancel(self)
+            self.set_running_or_notify_cancel()
+            return
+        if not self.set_running_or_notify_cancel():
+            return
+        error = inner.exception()
+        if error is not None:
+            self.set_exception(error)
+            return
+        try:
+            status, value = transport.loads_reply(inner.result())
+        except BaseException as exc:
+            self.set_exception(
+                RemoteError(
+                    type(exc).__qualname__,
+                    f"the reply for {self._name} could not be unpickled in the parent: {exc}",
+                )
+            )
+            return
+        if status == "ok":
+            self.set_result(value)
+        else:
+            self.set_exception(value)
+
+    def cancel(self) -> bool:
+        inner = self._inner
+        if inner is None:
+            return self.cancelled()
+        return inner.cancel()
+
+    def running(self) -> bool:
+        inner = self._inner
+        return Future.running(self) or (inner is not None and inner.running())
+
+
 class LokyBackend(Backend):
-    """Runs chunks on a ``loky.ProcessPoolExecutor`` owned by this backend."""
+    """Runs chunks on a ``loky.ProcessPoolExecutor`` owned by this backend.
+
+    A callable prepared with ``share=True`` is sent once to each worker and
+    cached there (:class:`smartexec.transport.ObjectCache`), as is an argument
+    object seen again within a few calls; big numpy buffers travel through
+    shared memory.
+    """
 
     name = "loky"
     pickles_closures = True
@@ -48,6 +117,7 @@ class LokyBackend(Backend):
         self._pending: set[Future[ChunkResult]] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._cache = transport.ObjectCache()
 
     def _new_pool(self) -> Any:
         from loky import ProcessPoolExecutor
@@ -56,6 +126,18 @@ class LokyBackend(Backend):
         return ProcessPoolExecutor(
             max_workers=self.max_workers, env={**thread_env(self._blas_threads), WORKER_ENV: "1"}
         )
+
+    def prepare(self, fn: Any, share: bool) -> Any:
+        """Return ``fn``, or, with ``share``, a marker that sends it once per worker."""
+        return transport.CachedCallable(fn) if share else fn
+
+    def refresh(self, fn: Any) -> bool:
+        """Make the next chunks of ``fn`` send its state as it is now.
+
+        Returns:
+            True when ``fn`` was cached for this backend's workers.
+        """
+        return self._cache.refresh(fn)
 
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
@@ -66,18 +148,27 @@ class LokyBackend(Backend):
             if self._pool is None:
                 self._pool = self._new_pool()
             pool = self._pool
-        future: Future[ChunkResult]
+        user_fn = fn.fn if isinstance(fn, transport.CachedCallable) else fn
         try:
-            future = pool.submit(run_chunk, fn, chunk, True, budget_s)
-        except BrokenProcessPool:
-            # A worker died earlier and loky broke the pool: replace it once.
-            broken = pool
-            with self._lock:
-                if self._pool is broken:
-                    self._pool = self._new_pool()
-                pool = self._pool
-            broken.shutdown(wait=False, kill_workers=True)
-            future = pool.submit(run_chunk, fn, chunk, True, budget_s)
+            payload, lease = transport.dumps_request(fn, chunk, budget_s, cache=self._cache)
+        except Exception as exc:
+            raise pickling_error(user_fn, chunk, exc, self.name) from exc
+        try:
+            try:
+                inner = pool.submit(transport.serve_request, payload)
+            except BrokenProcessPool:
+                # A worker died earlier and loky broke the pool: replace it once.
+                broken = pool
+                with self._lock:
+                    if self._pool is broken:
+                        self._pool = self._new_pool()
+                    pool = self._pool
+                broken.shutdown(wait=False, kill_workers=True)
+                inner = pool.submit(transport.serve_request, payload)
+        except BaseException:
+            lease.release()
+            raise
+        future = _ReplyFuture(inner, lease, callable_name(user_fn))
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
@@ -97,6 +188,7 @@ class LokyBackend(Backend):
         if pool is not None:
             # kill_workers=False lets running chunks finish, as the stdlib does.
             pool.shutdown(wait=wait, kill_workers=False)
+        self._cache.close()
 
     def terminate(self) -> None:
         """Stop now: cancel chunks not started and kill loky's workers."""
@@ -108,3 +200,4 @@ class LokyBackend(Backend):
             future.cancel()
         if pool is not None:
             pool.shutdown(wait=True, kill_workers=True)
+        self._cache.close()

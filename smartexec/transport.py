@@ -1,0 +1,850 @@
+"""How chunks and results cross a process boundary: big buffers by shared memory, big objects once.
+
+Process backends (fork, loky) send a chunk with :func:`dumps_request` and the
+worker reads it with :func:`loads_request`; the worker answers with
+:func:`dumps_reply`, read in the parent by :func:`loads_reply`. Underneath is
+cloudpickle at pickle protocol 5, plus two things:
+
+**Big buffers out of band.** Protocol 5 (PEP 574) lets an object hand its
+memory to the pickler as a :class:`pickle.PickleBuffer` instead of bytes in
+the stream; numpy arrays do so when they are C- or Fortran-contiguous and not
+of object dtype. Each such buffer of :data:`BIG_BUFFER_BYTES` or more is
+copied once into a shared-memory segment (:mod:`smartexec._shm`) and only the
+segment's name crosses the pipe; the receiver maps the segment and hands it to
+``pickle.loads(..., buffers=...)``, which rebuilds the array on that memory.
+The bytes are never pickled and never copied through a pipe. Smaller buffers
+stay in the stream, where copying is cheaper than a segment.
+
+What a worker may do with an array it received: **anything it could do with
+a pickled copy.** It is writable exactly when the caller's array was, and
+the segment is mapped copy-on-write, so a write copies only the page it
+touches and stays private to that task: the caller and other tasks never see
+it (to send changes back, return the array). Contrast joblib, whose workers
+get read-only memmaps and fail with "assignment destination is read-only".
+Results come back the same way and arrive in the parent as ordinary writable
+arrays on a segment that is already unlinked: memory is freed when the array
+dies. When ``/dev/shm`` is full, a buffer goes through the pipe as before.
+
+**Big objects sent once** (:class:`ObjectCache`, one per process backend).
+An object that pickles to more than :data:`BIG_BUFFER_BYTES` and that a
+backend without copy-on-write must send repeatedly (the bound object,
+partial or closure of a callable the policy marked ``share``, or the same
+argument object in several calls) is pickled once into segments; each request
+carries a small :class:`CachedRef`. A worker unpickles it at its first use
+and keeps it, keyed by the parent's identity of the object, so each worker
+receives it at most once and its array data stays in shared memory that all
+workers map. The segments are unlinked when the object dies in the parent, or
+at ``shutdown``, once no chunk in flight still refers to them; each request
+lists the entries still alive and workers drop the others.
+
+A worker that changes a cached object in place keeps the change for its later
+tasks (as with fork workers' copy of a shared object, see
+``SmartExecutor.refresh``). A cached numpy array is the exception: every task
+gets its own copy-on-write view, as for any array argument.
+
+Who unlinks what, so that nothing is left in ``/dev/shm``: a request's
+segments belong to its :class:`Lease`, released when the chunk's future is
+done (result, error, cancellation or dead worker); a reply's segments are
+unlinked by the parent as soon as it has mapped them; see :mod:`smartexec._shm`
+for worker deaths and interpreter exit.
+
+Wire format: the pickle stream, then, only when segments or cache entries are
+involved, a small pickled header, its length (8 bytes) and a 4-byte marker.
+A pickle stream always ends with the STOP opcode ``b"."``, so the marker
+cannot be mistaken for one.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import itertools
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import cloudpickle
+
+from . import _shm
+from ._identity import WeakCallable, identity_key
+from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
+from .errors import PayloadPicklingError
+
+__all__ = [
+    "BIG_BUFFER_BYTES",
+    "CachedCallable",
+    "CachedRef",
+    "Lease",
+    "ObjectCache",
+    "dumps_request",
+    "loads_request",
+    "dumps_reply",
+    "loads_reply",
+    "serve_request",
+    "estimate_send_s",
+]
+
+#: Buffers of this many bytes or more travel through shared memory, and
+#: objects pickling to more are sent once per worker. Below it, a pipe copy
+#: costs less than making, mapping and unlinking a segment (about 30-60 us).
+#: Source: joblib's default ``max_nbytes="1M"`` for its memmaps, and
+#: benchmarks/bench_payloads.py (2-core machine, 2026-12).
+BIG_BUFFER_BYTES = 1 << 20
+
+#: Seconds per byte to put a buffer into a segment (os.write into tmpfs,
+#: pages allocated as it goes), for the inline verdict's cost model.
+#: Source: benchmarks/bench_payloads.py, 16 MiB arrays (2-core machine, 2026-12).
+SHM_WRITE_S_PER_BYTE = 1 / 3.0e9
+
+#: Cached objects held strongly (they cannot be weakly referenced: lists,
+#: dicts, a ``__slots__`` class without ``__weakref__``), at most; the oldest
+#: are let go. A let-go object's segments live while a chunk refers to them.
+MAX_STRONG_ENTRIES = 8
+#: Cached argument objects per backend, at most (oldest let go first).
+MAX_ARGUMENT_ENTRIES = 16
+#: An argument object is cached when it comes back within this many calls of
+#: its last sighting: ``repeat(big)`` or ``submit(f, big, i)`` in a loop, but
+#: not a second pass over a list of distinct big objects, which would keep a
+#: shared copy of each alive for as long as the list lives.
+RECENT_CALLS = 16
+#: Argument identities remembered to notice a repeat.
+SEEN_IDS = 4096
+
+_MAGIC = b"SMX\x05"
+_LENGTH = struct.Struct("<Q")
+_TAIL = _LENGTH.size + len(_MAGIC)
+
+#: Argument types never worth caching: small and cheap to pickle.
+_ATOMIC = frozenset({int, float, complex, bool, type(None), range, slice})
+
+
+# -- buffers through shared memory -------------------------------------------
+
+
+_full_warned = False
+
+
+def _warn_full(exc: OSError) -> None:
+    global _full_warned
+    if not _full_warned:
+        _full_warned = True
+        warnings.warn(
+            f"smartexec could not put a big buffer in shared memory ({exc}); sending it "
+            f"through the pipe instead. If {_shm.SHM_DIR} is small (Docker gives 64 MiB), "
+            f"enlarge it, e.g. docker run --shm-size=2g",
+            ResourceWarning,
+            stacklevel=4,
+        )
+
+
+class _Encoder:
+    """The pickler's ``buffer_callback``: big buffers go to new segments."""
+
+    __slots__ = ("owner", "threshold", "segments")
+
+    def __init__(self, owner: int | None, threshold: int = BIG_BUFFER_BYTES):
+        self.owner = owner
+        self.threshold = threshold
+        self.segments: list[tuple[str, int]] = []
+
+    def offer(self, buffer: pickle.PickleBuffer) -> bool:
+        """Return False (out of band) for a buffer put in a segment, else True."""
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: pickle copies it in band
+            return True
+        if raw.nbytes < self.threshold or not _shm.available():
+            return True
+        try:
+            name = _shm.create(raw, owner=self.owner)
+        except OSError as exc:
+            _warn_full(exc)
+            return True
+        self.segments.append((name, raw.nbytes))
+        return False
+
+    def abort(self) -> None:
+        for name, _ in self.segments:
+            _shm.unlink(name)
+        self.segments = []
+
+
+def _encode(obj: Any, encoder: _Encoder, prune: Any = None) -> bytes:
+    out = io.BytesIO()
+    try:
+        _Pickler(out, protocol=PROTOCOL, buffer_callback=encoder.offer).dump(obj)
+    except BaseException:
+        encoder.abort()
+        raise
+    if encoder.segments or prune is not None:
+        header = pickle.dumps((encoder.segments, prune), protocol=PROTOCOL)
+        out.write(header)
+        out.write(_LENGTH.pack(len(header)))
+        out.write(_MAGIC)
+    return out.getvalue()
+
+
+def _split(data: bytes) -> tuple[memoryview, list[tuple[str, int]], Any]:
+    view = memoryview(data)
+    if len(view) <= _TAIL or view[-len(_MAGIC) :] != _MAGIC:
+        return view, [], None
+    (length,) = _LENGTH.unpack(view[-_TAIL : -len(_MAGIC)])
+    end = len(view) - _TAIL - length
+    segments, prune = pickle.loads(view[end:-_TAIL])
+    return view[:end], segments, prune
+
+
+def _decode(data: bytes, *, private: bool, adopt: bool) -> Any:
+    stream, segments, prune = _split(data)
+    if not segments and prune is None:
+        return cloudpickle.loads(stream)
+    try:
+        if prune is not None:
+            _prune(*prune)
+        buffers = [_shm.attach(name, nbytes, private=private) for name, nbytes in segments]
+        return pickle.loads(stream, buffers=buffers)
+    finally:
+        if adopt:
+            for name, _ in segments:
+                _shm.unlink(name)
+
+
+# -- requests and replies ------------------------------------------------------
+
+
+class Lease:
+    """What one request keeps alive until its chunk is done.
+
+    Holds the request's own segments and the cache entries it refers to.
+    Release it once no worker can still need them: when the chunk's future is
+    done, whatever the outcome (:meth:`release_when_done`).
+    """
+
+    __slots__ = ("segments", "entries", "_released", "__weakref__")
+
+    def __init__(self) -> None:
+        self.segments: list[str] = []
+        self.entries: list[_Entry] = []
+        self._released = False
+
+    def release(self) -> None:
+        """Unlink the segments and unpin the entries. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        for name in self.segments:
+            _shm.unlink(name)
+        for entry in self.entries:
+            entry.cache._unpin(entry)
+        self.segments = []
+        self.entries = []
+
+    def release_when_done(self, future: Future[Any]) -> None:
+        """Release when ``future`` is done; sweep dead workers' segments if one died."""
+
+        def done(f: Future[Any]) -> None:
+            self.release()
+            if not f.cancelled() and isinstance(f.exception(), BrokenProcessPool):
+                _shm.sweep_dead_workers()
+
+        future.add_done_callback(done)
+
+
+def dumps_request(
+    fn: Any,
+    chunk: Sequence[Call],
+    budget_s: float | None,
+    *,
+    cache: ObjectCache | None = None,
+) -> tuple[bytes, Lease]:
+    """Pickle a chunk for a worker: big buffers to shared memory, big objects by reference.
+
+    Args:
+        fn: the callable, or a :class:`CachedCallable` to send once per worker
+            through ``cache``.
+        chunk: the ``(args, kwargs)`` calls.
+        budget_s: passed through to :func:`smartexec._remote.run_chunk`.
+        cache: the backend's :class:`ObjectCache`, or None to cache nothing.
+
+    Returns:
+        ``(data, lease)``: the bytes for the worker, which
+        :func:`loads_request` turns into ``(fn, calls, budget_s)``, and the
+        :class:`Lease` to release once the chunk is done.
+
+    Raises:
+        Exception: whatever pickling ``fn`` or an argument raised (nothing is
+            left in shared memory).
+    """
+    lease = Lease()
+    try:
+        prune = None
+        calls: Sequence[Call] = chunk
+        if cache is not None:
+            if isinstance(fn, CachedCallable):
+                fn = cache.callable_ref(fn.fn, lease)
+            calls = cache.substitute(chunk, lease)
+            prune = cache.prune_info()
+        elif isinstance(fn, CachedCallable):
+            fn = fn.fn
+        encoder = _Encoder(owner=None)
+        data = _encode((fn, list(calls), budget_s), encoder, prune)
+        lease.segments.extend(name for name, _ in encoder.segments)
+    except BaseException:
+        lease.release()
+        raise
+    return data, lease
+
+
+def loads_request(data: bytes) -> Any:
+    """Unpickle a request in the worker; arrays map their segments copy-on-write."""
+    return _decode(data, private=True, adopt=False)
+
+
+def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
+    """Pickle a worker's reply for its parent; big buffers go to new segments.
+
+    The segments are named for ``owner`` (default: the parent,
+    ``os.getppid()``; a fork worker's parent is its pool's zygote, so the
+    fork backend passes the executor's pid), which unlinks them in
+    :func:`loads_reply`.
+    """
+    return _encode(reply, _Encoder(owner=os.getppid() if owner is None else owner))
+
+
+def loads_reply(data: bytes) -> Any:
+    """Unpickle a reply in the parent; its segments are mapped, then unlinked."""
+    return _decode(data, private=False, adopt=True)
+
+
+class _Discard:
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
+
+
+def picklable_outcomes(result: ChunkResult) -> ChunkResult:
+    """Replace each result that cannot be pickled by an error naming it.
+
+    Big buffers are not copied while checking (they stay out of band).
+    """
+    outcomes = []
+    for ok, value in result.outcomes:
+        try:
+            _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=lambda _: False).dump(value)
+        except BaseException as exc:
+            error = PayloadPicklingError(
+                f"the result ({type(value).__qualname__}) could not be pickled to send it "
+                f"back from the worker process: {type(exc).__name__}: {exc}. Return plain "
+                f"data (numbers, strings, lists, dicts, numpy arrays), or use "
+                f'backend="thread" to keep results in-process',
+                where="result",
+                reason=str(exc),
+            )
+            outcomes.append((False, remote_exception(error)))
+        else:
+            outcomes.append((ok, value))
+    return ChunkResult(outcomes, result.compute_s)
+
+
+def serve_request(data: bytes, owner: int | None = None) -> bytes:
+    """Run one request in a worker and return the reply's bytes.
+
+    The reply unpickles (:func:`loads_reply`) to ``("ok", ChunkResult)`` or
+    ``("error", exception)`` when the request itself could not be unpickled.
+    Used by the loky backend; the fork backend's worker loop does the same.
+    """
+    result: ChunkResult | None = None
+    try:
+        fn, chunk, budget_s = loads_request(data)
+    except BaseException as exc:
+        reply: tuple[str, Any] = ("error", remote_exception(exc))
+    else:
+        del data
+        result = run_chunk(fn, chunk, True, budget_s)
+        reply = ("ok", result)
+        del fn, chunk
+    try:
+        return dumps_reply(reply, owner)
+    except BaseException:
+        assert result is not None
+        return dumps_reply(("ok", picklable_outcomes(result)), owner)
+
+
+def estimate_send_s(obj: Any) -> float:
+    """Seconds the parent spends on ``obj`` in a round trip to a worker.
+
+    Pickles ``obj`` into nothing with big buffers out of band (not copied),
+    counts the stream twice (pickled on one side, unpickled on the other)
+    and big buffers once, at :data:`SHM_WRITE_S_PER_BYTE`: they are written
+    into shared memory once and mapped, not copied, on the other side.
+
+    Raises:
+        Exception: whatever pickling ``obj`` raises.
+    """
+    big = 0
+
+    def offer(buffer: pickle.PickleBuffer) -> bool:
+        nonlocal big
+        try:
+            nbytes = buffer.raw().nbytes
+        except BufferError:
+            return True
+        if nbytes >= BIG_BUFFER_BYTES and _shm.available():
+            big += nbytes
+            return False
+        return True
+
+    start = time.perf_counter()
+    _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=offer).dump(obj)
+    return 2 * (time.perf_counter() - start) + big * SHM_WRITE_S_PER_BYTE
+
+
+# -- objects sent once -----------------------------------------------------------
+
+
+#: (owner pid, cache id, key) -> object, in a worker.
+_OBJECTS: dict[tuple[int, int, int], Any] = {}
+_cache_ids = itertools.count(1)
+
+
+def _prune(owner: int, cache: int, live: frozenset[int], max_key: int) -> None:
+    """Forget, in a worker, the entries its parent has let go."""
+    stale = [s for s in _OBJECTS if s[0] == owner and s[1] == cache and s[2] <= max_key]
+    for slot in stale:
+        if slot[2] not in live:
+            del _OBJECTS[slot]
+
+
+def _load_entry(stream: tuple[str, int], buffers: list[tuple[str, int]]) -> Any:
+    view = _shm.attach(*stream, private=True)
+    try:
+        maps = [_shm.attach(name, nbytes, private=True) for name, nbytes in buffers]
+        return pickle.loads(view, buffers=maps)
+    finally:
+        mapping = view.obj
+        view.release()
+        mapping.close()  # type: ignore[attr-defined]
+
+
+def _resolve(
+    owner: int,
+    cache: int,
+    key: int,
+    reuse: bool,
+    stream: tuple[str, int],
+    buffers: list[tuple[str, int]],
+) -> Any:
+    """Return the cached object (runs in the worker, when a request is unpickled)."""
+    slot = (owner, cache, key)
+    if reuse:
+        found = _OBJECTS.get(slot, _OBJECTS)
+        if found is not _OBJECTS:
+            return found
+    obj = _load_entry(stream, buffers)
+    if reuse:
+        _OBJECTS[slot] = obj
+    return obj
+
+
+class CachedRef:
+    """What a request carries instead of a cached object: names, a few hundred bytes.
+
+    Attributes:
+        key: the entry's number in its cache.
+        name: what the object is, for messages.
+    """
+
+    __slots__ = ("owner", "cache", "key", "reuse", "stream", "buffers", "name")
+
+    def __init__(
+        self,
+        owner: int,
+        cache: int,
+        key: int,
+        reuse: bool,
+        stream: tuple[str, int],
+        buffers: list[tuple[str, int]],
+        name: str,
+    ):
+        self.owner = owner
+        self.cache = cache
+        self.key = key
+        self.reuse = reuse
+        self.stream = stream
+        self.buffers = buffers
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _resolve, (self.owner, self.cache, self.key, self.reuse, self.stream, self.buffers)
+
+    def __repr__(self) -> str:
+        return f"CachedRef({self.key}, {self.name!r})"
+
+
+class CachedCallable:
+    """What a backend's ``prepare`` returns for a callable to send once per worker.
+
+    :func:`dumps_request` replaces it by its cache's :class:`CachedRef`.
+
+    Attributes:
+        fn: the user's callable.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+
+class _Entry:
+    __slots__ = ("cache", "key", "handle", "ref", "segments", "pins", "retired")
+
+    def __init__(self, cache: ObjectCache, key: int, handle: WeakCallable, ref: CachedRef):
+        self.cache = cache
+        self.key = key
+        self.handle = handle
+        self.ref = ref
+        self.segments = [ref.stream[0], *(name for name, _ in ref.buffers)]
+        self.pins = 0
+        self.retired = False
+
+
+def _describe(obj: Any) -> str:
+    from .inspection import callable_name
+
+    return callable_name(obj) if callable(obj) else type(obj).__qualname__
+
+
+class ObjectCache:
+    """Big objects a process backend sends once to each of its workers.
+
+    Thread-safe. One per backend instance, closed by its ``shutdown``.
+
+    Args:
+        threshold_bytes: an argument object that pickles to more than this
+            many bytes, seen in two calls, is cached (int, bytes).
+    """
+
+    def __init__(self, threshold_bytes: int = BIG_BUFFER_BYTES):
+        self.threshold_bytes = threshold_bytes
+        self.id = next(_cache_ids)
+        self._owner = os.getpid()
+        self._lock = threading.RLock()  # weakref callbacks may run while it is held
+        self._entries: collections.OrderedDict[Hashable, _Entry] = collections.OrderedDict()
+        self._live: dict[int, _Entry] = {}  # key -> entry whose segments exist
+        #: id -> call number of its last sighting, or -1 when known to be small
+        self._seen: dict[int, int] = {}
+        self._argument_ids: dict[int, _Entry] = {}  # id -> entry of a cached argument
+        self._calls = 0
+        self._keys = itertools.count(1)
+        self._max_key = 0
+        self._closed = False
+
+    # -- what requests use -----------------------------------------------------
+
+    def callable_ref(self, fn: Any, lease: Lease) -> Any:
+        """What a request carries for callable ``fn``: a reference, pickled once at first use.
+
+        A bound method is cached as its ``__self__`` (every method of one
+        object shares the entry); the request carries the function by
+        reference and the object by :class:`CachedRef`.
+
+        Raises:
+            Exception: whatever pickling ``fn`` raises.
+        """
+        owner = _bound_owner(fn)
+        if owner is not None:
+            return _BoundRef(fn.__func__, self._ref(owner, ("s", id(owner)), True, lease))
+        return self._ref(fn, identity_key(fn), True, lease)
+
+    def substitute(self, calls: Sequence[Call], lease: Lease) -> Sequence[Call]:
+        """Return ``calls`` with each cached (or now cacheable) argument replaced by its ref.
+
+        Only arguments that may be big (:func:`_may_be_big`) are looked at.
+        A long chunk is scanned in full only when its first
+        :data:`SHORT_CHUNK` calls hold such an argument or this cache holds
+        arguments already: a map of small items pays a few microseconds per
+        chunk, not per item. Missing a repeat only costs sending it again.
+        """
+        n = len(calls)
+        base = self._calls
+        self._calls += n
+        np = sys.modules.get("numpy")
+        found = self._candidates(calls[:SHORT_CHUNK], 0, np)
+        if n > SHORT_CHUNK and (found or self._argument_ids):
+            found += self._candidates(calls[SHORT_CHUNK:], SHORT_CHUNK, np)
+        if not found:
+            return calls
+        # An object passed twice within this chunk is a repeat from its first call on.
+        counts = collections.Counter(id(obj) for _, _, obj in found)
+        out = list(calls)
+        for index, position, obj in found:
+            ref = self._argument(obj, lease, base + index, counts[id(obj)] > 1)
+            if ref is obj:
+                continue
+            args, kwargs = out[index]
+            if isinstance(position, int):
+                args = (*args[:position], ref, *args[position + 1 :])
+            else:
+                kwargs = {**kwargs, position: ref}
+            out[index] = (args, kwargs)
+        return out
+
+    def _candidates(self, calls: Sequence[Call], start: int, np: Any) -> list[tuple[int, Any, Any]]:
+        """``(call index, position or keyword, object)`` of each argument that may be big."""
+        threshold = self.threshold_bytes
+        atomic = _ATOMIC
+        found = []
+        for index, (args, kwargs) in enumerate(calls, start):
+            for position, arg in enumerate(args):
+                if type(arg) not in atomic and _may_be_big(arg, threshold, np):
+                    found.append((index, position, arg))
+            if kwargs:
+                for key, arg in kwargs.items():
+                    if type(arg) not in atomic and _may_be_big(arg, threshold, np):
+                        found.append((index, key, arg))
+        return found
+
+    def prune_info(self) -> tuple[int, int, frozenset[int], int] | None:
+        """What workers need to drop let-go entries, or None if nothing was ever cached."""
+        with self._lock:
+            if not self._max_key:
+                return None
+            return (self._owner, self.id, frozenset(self._live), self._max_key)
+
+    def refresh(self, fn: Any) -> bool:
+        """Let go of callable ``fn``'s entry: its next chunk sends its current state.
+
+        Returns:
+            True when ``fn`` was cached.
+        """
+        owner = _bound_owner(fn)
+        target, ident = (fn, identity_key(fn)) if owner is None else (owner, ("s", id(owner)))
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is None or not entry.handle.matches(target):
+                return False
+            self._retire(entry)
+            return True
+
+    def close(self) -> None:
+        """Let go of every entry (segments still used by a chunk in flight wait for it)."""
+        with self._lock:
+            self._closed = True
+            for entry in list(self._entries.values()):
+                self._retire(entry)
+            self._seen.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _argument(self, obj: Any, lease: Lease, call: int, repeated: bool) -> Any:
+        """The ref for argument ``obj`` of call number ``call``, or ``obj`` itself."""
+        ident = ("a", id(obj))
+        entry = self._entries.get(ident)
+        if entry is not None and entry.handle.matches(obj):
+            with self._lock:
+                if self._entries.get(ident) is entry and not self._closed:
+                    self._entries.move_to_end(ident)
+                    self._pin(entry, lease)
+                    return entry.ref
+        seen = self._seen
+        last = seen.get(id(obj))
+        if last is not None and last < 0:  # known to be small
+            return obj
+        if not repeated and (last is None or call - last > RECENT_CALLS):
+            # First (recent) sighting: remember the identity only. An id reused
+            # by a new object at worst caches that one. No lock: a race only
+            # blurs this heuristic.
+            if len(seen) >= SEEN_IDS:
+                seen.clear()
+            seen[id(obj)] = call
+            return obj
+        if not self._is_big(obj):
+            seen[id(obj)] = -1
+            return obj
+        with self._lock:
+            if self._closed:
+                return obj
+            return self._ref(obj, ident, _reusable(obj), lease)
+
+    def _is_big(self, obj: Any) -> bool:
+        np = sys.modules.get("numpy")
+        if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject:
+            return bool(obj.nbytes > self.threshold_bytes)
+        from .inspection import payload_size
+
+        size = payload_size(obj, cap_bytes=self.threshold_bytes)
+        return size.error is None and (size.capped or size.nbytes > self.threshold_bytes)
+
+    def _ref(self, obj: Any, ident: Hashable, reuse: bool, lease: Lease) -> CachedRef:
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is None or not entry.handle.matches(obj):
+                if entry is not None:
+                    self._retire(entry)
+                entry = self._new_entry(obj, ident, reuse)
+            else:
+                self._entries.move_to_end(ident)
+            self._pin(entry, lease)
+            return entry.ref
+
+    def _new_entry(self, obj: Any, ident: Hashable, reuse: bool) -> _Entry:
+        encoder = _Encoder(owner=None)
+        stream = _encode(obj, encoder)
+        try:
+            name = _shm.create(memoryview(stream))
+        except BaseException:
+            encoder.abort()
+            raise
+        key = next(self._keys)
+        self._max_key = key
+        ref = CachedRef(
+            self._owner,
+            self.id,
+            key,
+            reuse,
+            (name, len(stream)),
+            list(encoder.segments),
+            _describe(obj),
+        )
+        cache = self  # the callback holds the cache, never the object
+
+        def on_death() -> None:
+            cache._forget(ident, key)
+
+        entry = _Entry(self, key, WeakCallable(obj, on_death), ref)
+        self._entries[ident] = entry
+        if ident[0] == "a":  # type: ignore[index]
+            self._argument_ids[id(obj)] = entry
+        self._live[key] = entry
+        self._bound()
+        return entry
+
+    def _bound(self) -> None:
+        strong = [e for e in self._entries.values() if not e.handle.weak]
+        for entry in strong[: max(0, len(strong) - MAX_STRONG_ENTRIES)]:
+            self._retire(entry)
+        arguments = [e for k, e in self._entries.items() if k[0] == "a"]  # type: ignore[index]
+        for entry in arguments[: max(0, len(arguments) - MAX_ARGUMENT_ENTRIES)]:
+            self._retire(entry)
+
+    def _forget(self, ident: Hashable, key: int) -> None:
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is not None and entry.key == key:
+                self._retire(entry)
+
+    def _retire(self, entry: _Entry) -> None:
+        for ident, current in list(self._entries.items()):
+            if current is entry:
+                del self._entries[ident]
+                if ident[0] == "a":  # type: ignore[index]
+                    self._argument_ids.pop(ident[1], None)  # type: ignore[index]
+        entry.retired = True
+        if entry.pins == 0:
+            self._free(entry)
+
+    def _pin(self, entry: _Entry, lease: Lease) -> None:
+        entry.pins += 1
+        lease.entries.append(entry)
+
+    def _unpin(self, entry: _Entry) -> None:
+        with self._lock:
+            entry.pins -= 1
+            if entry.retired and entry.pins == 0:
+                self._free(entry)
+
+    def _free(self, entry: _Entry) -> None:
+        if self._live.pop(entry.key, None) is None:
+            return
+        for name in entry.segments:
+            _shm.unlink(name)
+
+
+#: Calls of a chunk always scanned for arguments worth caching.
+SHORT_CHUNK = 16
+#: A container with fewer items than this is not worth caching by itself (its
+#: big arrays, if any, still go through shared memory with each chunk).
+MIN_CONTAINER_ITEMS = 1024
+_CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
+#: A container up to this long is looked into by :func:`_may_be_big`.
+_SHORT_CONTAINER = 64
+
+
+def _may_be_big(obj: Any, threshold: int, np: Any, depth: int = 2) -> bool:
+    """A cheap guess: could ``obj`` pickle to ``threshold`` bytes or more?
+
+    Exact for strings, bytes and numpy arrays; a container is big when it has
+    many items or, looking ``depth`` levels into a short one, holds something
+    that may be big (``{"rows": big_list}``); any other object may be.
+    """
+    kind = type(obj)
+    if kind is str or kind is bytes or kind is bytearray:
+        return len(obj) >= threshold
+    if kind in _CONTAINERS:
+        if len(obj) >= MIN_CONTAINER_ITEMS:
+            return True
+        if depth <= 0 or len(obj) > _SHORT_CONTAINER:
+            return False
+        items = obj.values() if kind is dict else obj
+        return any(
+            type(item) not in _ATOMIC and _may_be_big(item, threshold, np, depth - 1)
+            for item in items
+        )
+    if np is not None:
+        if kind is np.ndarray:
+            return bool(obj.nbytes >= threshold)
+        if isinstance(obj, np.generic):
+            return False
+    return True
+
+
+def _bound_owner(fn: Any) -> Any:
+    """The instance a Python method is bound to, or None (classmethods, functions)."""
+    if isinstance(fn, types.MethodType) and not isinstance(fn.__self__, type):
+        return fn.__self__
+    return None
+
+
+def _bind(func: Any, obj: Any) -> Any:
+    return types.MethodType(func, obj)
+
+
+class _BoundRef:
+    """A bound method whose instance travels as a :class:`CachedRef`."""
+
+    __slots__ = ("func", "ref")
+
+    def __init__(self, func: Any, ref: CachedRef):
+        self.func = func
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _bind, (self.func, self.ref)
+
+
+def _reusable(obj: Any) -> bool:
+    """Whether a worker may keep ``obj`` across tasks (an array gets a fresh view each time)."""
+    np = sys.modules.get("numpy")
+    return not (np is not None and isinstance(obj, np.ndarray))
+
+
+def _after_fork_in_child() -> None:
+    # The objects a forked worker inherited belong to its parent's requests.
+    _OBJECTS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,132 @@
+"""Issue 5: big numpy arguments and results travel through shared memory, not pipes.
+
+What a worker may do with an array it received is what it could do with a
+pickled copy: it is writable when the caller's was, and its writes are its
+own (copy-on-write), never seen by the caller or another task.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from smartexec import SmartExecutor, _shm, transport
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+BACKENDS = ["fork", "loky"]
+
+
+def total(a):
+    return float(a.sum())
+
+
+def doubled(a):
+    return a * 2
+
+
+def bump_then_total(a):
+    a += 1  # an in-place update of the argument
+    return float(a.sum())
+
+
+def is_writable(a):
+    return bool(a.flags.writeable)
+
+
+def ours() -> set[str]:
+    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Sizes (bytes) of every request the backends pickle."""
+    sizes: list[int] = []
+    real = transport.dumps_request
+
+    def spy(*args, **kwargs):
+        data, lease = real(*args, **kwargs)
+        sizes.append(len(data))
+        return data, lease
+
+    monkeypatch.setattr(transport, "dumps_request", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_big_arguments_cross_as_names_and_results_come_back(backend, sent):
+    arrays = [np.full(2 * MiB // 8, i, dtype=np.float64) for i in range(6)]
+    with SmartExecutor(2, backend=backend) as ex:
+        assert list(ex.map(total, arrays, chunksize=2)) == [float(a.sum()) for a in arrays]
+        assert sent and max(sent) < 16 * 1024  # names and shapes, not 4 MiB of data
+        back = list(ex.map(doubled, arrays, chunksize=1))
+    for a, b in zip(arrays, back):
+        assert np.array_equal(b, a * 2) and b.flags.writeable
+    assert ours() == set()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_that_writes_to_its_argument_changes_only_its_copy(backend):
+    a = np.zeros(2 * MiB // 8)
+    with SmartExecutor(2, backend=backend) as ex:
+        # the same array three times: each task starts from zeros
+        assert list(ex.map(bump_then_total, [a, a, a], chunksize=1)) == [a.size] * 3
+        assert ex.submit(bump_then_total, a).result(timeout=60) == a.size
+        assert ex.submit(is_writable, a).result(timeout=60) is True
+    assert a.max() == 0  # the caller's array is untouched
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_read_only_argument_stays_read_only(backend):
+    a = np.zeros(2 * MiB // 8)
+    a.flags.writeable = False
+    with SmartExecutor(2, backend=backend) as ex:
+        assert ex.submit(is_writable, a).result(timeout=60) is False
+        error = ex.submit(bump_then_total, a).exception(timeout=60)
+    assert isinstance(error, ValueError) and "read-only" in str(error)
+
+
+def test_the_same_array_in_many_tasks_is_copied_once(sent):
+    a = np.ones(4 * MiB // 8)
+    with SmartExecutor(2, backend="loky") as ex:
+        assert list(ex.map(total, [a] * 20, chunksize=2)) == [float(a.size)] * 20
+        # one cached copy in shared memory while the array lives
+        assert len(ex._backends["loky"]._cache) == 1
+    assert ours() == set()
+
+
+def test_peak_shared_memory_is_bounded_by_the_window():
+    """64 distinct 16 MiB arguments: only the chunks in flight are in /dev/shm."""
+    size = 16 * MiB
+    peak = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            used = 0
+            for name in ours():
+                try:
+                    used += os.stat(f"{_shm.SHM_DIR}/{name}").st_size
+                except OSError:
+                    pass
+            peak[0] = max(peak[0], used)
+            stop.wait(0.005)
+
+    def arrays():
+        for i in range(64):
+            yield np.full(size // 8, i, dtype=np.float64)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with SmartExecutor(2, backend="fork") as ex:
+            results = list(ex.map(total, arrays(), chunksize=1, buffersize=4))
+    finally:
+        stop.set()
+        sampler.join()
+    assert results == [float(i * size // 8) for i in range(64)]
+    assert 0 < peak[0] <= 5 * size, peak[0] / MiB  # 4 chunks in flight, 1 being sent

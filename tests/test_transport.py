@@ -1,0 +1,371 @@
+"""smartexec.transport and smartexec._shm, without starting a process.
+
+A request is decoded here as a worker would decode it (copy-on-write
+mappings); a reply as the parent would (mapped, then unlinked).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+from smartexec import _shm, transport
+from smartexec._remote import ChunkResult
+
+pytestmark = pytest.mark.timeout(60)  # one test forks a child
+
+MiB = 1 << 20
+BIG = transport.BIG_BUFFER_BYTES
+
+
+def ours() -> set[str]:
+    """Our segments in /dev/shm made by this process (or for it, by a worker)."""
+    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+
+
+def request(fn, calls, cache=None):
+    data, lease = transport.dumps_request(fn, calls, None, cache=cache)
+    return data, lease
+
+
+def add(a, b=0):
+    return a + b
+
+
+# -- the segment layer ------------------------------------------------------------
+
+
+def test_segment_round_trip_and_unlink():
+    data = np.arange(1000, dtype=np.int64)
+    name = _shm.create(memoryview(data))
+    assert name.startswith(f"smx_{os.getpid()}_") and name in _shm.owned()
+    view = _shm.attach(name, data.nbytes, private=False)
+    assert np.array_equal(np.frombuffer(view, dtype=np.int64), data)
+    _shm.unlink(name)
+    assert name not in ours() and name not in _shm.owned()
+    # an unlinked segment stays readable through an existing mapping
+    assert np.frombuffer(view, dtype=np.int64)[999] == 999
+    _shm.unlink(name)  # no error when already gone
+
+
+def test_private_mapping_keeps_writes_to_itself():
+    name = _shm.create(memoryview(np.zeros(4096, dtype=np.uint8)))
+    try:
+        private = np.frombuffer(_shm.attach(name, 4096, private=True), dtype=np.uint8)
+        private[:] = 7
+        fresh = np.frombuffer(_shm.attach(name, 4096, private=True), dtype=np.uint8)
+        assert fresh.max() == 0
+    finally:
+        _shm.unlink(name)
+
+
+def test_a_segment_made_for_an_owner_names_the_worker():
+    name = _shm.create(memoryview(b"x" * 100), owner=os.getpid())
+    try:
+        assert name.startswith(f"smx_{os.getpid()}_w{os.getpid()}_")
+        assert name not in _shm.owned()  # the owner unlinks it, not its maker
+    finally:
+        _shm.unlink(name)
+
+
+def test_sweep_removes_the_results_of_dead_workers_only():
+    alive = _shm.create(memoryview(b"x" * 10), owner=os.getpid())
+    pid = os.fork()
+    if pid == 0:  # a "worker" that makes a result segment, then dies
+        _shm.create(memoryview(b"y" * 10), owner=os.getppid())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    dead = [n for n in ours() if f"_w{pid}_" in n]
+    assert len(dead) == 1
+    assert _shm.sweep_dead_workers() == dead
+    assert alive in ours()
+    _shm.unlink(alive)
+
+
+# -- requests and replies -------------------------------------------------------------
+
+
+def test_small_payload_is_a_plain_pickle():
+    data, lease = request(add, [((1,), {"b": 2})])
+    assert pickle.loads(data)[1] == [((1,), {"b": 2})]
+    assert lease.segments == []
+
+
+def test_big_array_goes_through_shared_memory_not_the_stream():
+    array = np.random.default_rng(0).random(2 * MiB // 8)
+    data, lease = request(add, [((array,), {})])
+    try:
+        assert len(data) < 4096  # only names and shapes in the stream
+        assert len(lease.segments) == 1 and lease.segments[0] in ours()
+        fn, calls, budget = transport.loads_request(data)
+        got = calls[0][0][0]
+        assert fn is add and budget is None
+        assert np.array_equal(got, array) and got.flags.writeable
+    finally:
+        lease.release()
+    assert ours() == set()
+
+
+def test_worker_writes_stay_private_to_the_task():
+    array = np.zeros(BIG // 8 + 1)
+    data, lease = request(add, [((array,), {})])
+    try:
+        first = transport.loads_request(data)[1][0][0][0]
+        first += 1  # as a worker's in-place update would
+        second = transport.loads_request(data)[1][0][0][0]
+        assert second.max() == 0 and array.max() == 0
+    finally:
+        lease.release()
+
+
+def test_read_only_arrays_stay_read_only():
+    array = np.ones(BIG // 8 + 1)
+    array.flags.writeable = False
+    data, lease = request(add, [((array,), {})])
+    try:
+        got = transport.loads_request(data)[1][0][0][0]
+        assert not got.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            got += 1
+    finally:
+        lease.release()
+
+
+@pytest.mark.parametrize(
+    "make, out_of_band",
+    [
+        (lambda: np.ones((600, 600)), True),  # C order
+        (lambda: np.asfortranarray(np.ones((600, 600))), True),
+        (lambda: np.ones((1200, 600))[::2], False),  # not contiguous: pickled in band
+        (lambda: np.empty(BIG // 8 + 1, dtype=object), False),  # objects: in band
+        (lambda: np.ones(BIG // 8 - 1), False),  # under the threshold
+    ],
+)
+def test_which_arrays_go_out_of_band(make, out_of_band):
+    array = make()
+    if array.dtype.hasobject:
+        array[:] = 1
+    data, lease = request(add, [((array,), {})])
+    try:
+        assert bool(lease.segments) is out_of_band
+        got = transport.loads_request(data)[1][0][0][0]
+        assert np.array_equal(got, array) and got.flags.f_contiguous == array.flags.f_contiguous
+    finally:
+        lease.release()
+
+
+def test_reply_segments_are_unlinked_once_read(monkeypatch):
+    # a reply is made for the worker's parent: here, pretend to be our own worker
+    monkeypatch.setattr(transport.os, "getppid", os.getpid)
+    result = np.arange(BIG // 8 + 1, dtype=np.float64)
+    data = transport.dumps_reply(("ok", ChunkResult([(True, result)], 0.0)))
+    made = ours()
+    assert len(made) == 1 and f"_w{os.getpid()}_" in made.pop()
+    status, value = transport.loads_reply(data)
+    got = value.outcomes[0][1]
+    assert status == "ok" and np.array_equal(got, result) and got.flags.writeable
+    assert ours() == set()
+
+
+def test_unpicklable_argument_leaves_nothing_behind():
+    import threading
+
+    array = np.ones(BIG // 8 + 1)
+    with pytest.raises(TypeError):
+        request(add, [((array, threading.Lock()), {})])
+    assert ours() == set()
+
+
+def test_full_shared_memory_falls_back_to_the_pipe(monkeypatch):
+    def full(data, *, owner=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_shm, "create", full)
+    monkeypatch.setattr(transport, "_full_warned", False)
+    array = np.ones(BIG // 8 + 1)
+    with pytest.warns(ResourceWarning, match="shm-size"):
+        data, lease = request(add, [((array,), {})])
+    assert lease.segments == [] and len(data) > array.nbytes
+    assert np.array_equal(transport.loads_request(data)[1][0][0][0], array)
+
+
+def test_estimate_counts_big_buffers_without_pickling_them():
+    array = np.ones(64 * MiB // 8)
+    seconds = transport.estimate_send_s(array)
+    assert seconds >= array.nbytes * transport.SHM_WRITE_S_PER_BYTE
+
+
+# -- objects sent once ------------------------------------------------------------
+
+
+class Model:
+    unpickled = 0
+
+    def __init__(self, nbytes=2 * MiB):
+        self.weights = np.ones(nbytes // 8)
+
+    def __setstate__(self, state):
+        type(self).unpickled += 1
+        self.__dict__.update(state)
+
+    def score(self, i):
+        return float(self.weights[i]) * i
+
+
+def test_a_cached_callable_is_pickled_once_and_carried_by_reference():
+    cache = transport.ObjectCache()
+    model = Model()
+    try:
+        first, lease1 = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        second, lease2 = request(transport.CachedCallable(model.score), [((2,), {})], cache)
+        assert len(first) < 2048 and len(second) < 2048
+        assert lease1.segments == [] and len(cache) == 1
+        Model.unpickled = 0
+        fn1 = transport.loads_request(first)[0]
+        fn2 = transport.loads_request(second)[0]
+        assert Model.unpickled == 1  # the worker keeps it
+        assert fn1.__self__ is fn2.__self__ and fn2(3) == 3.0
+        lease1.release()
+        lease2.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+    assert ours() == set()
+
+
+def test_cache_is_freed_when_the_object_dies_but_not_under_a_chunk():
+    cache = transport.ObjectCache()
+    model = Model()
+    _, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+    segments = ours()
+    assert segments
+    del model
+    gc.collect()
+    assert len(cache) == 0
+    assert ours() == segments  # a chunk in flight still needs them
+    lease.release()
+    assert ours() == set()
+    cache.close()
+
+
+def test_workers_drop_entries_the_parent_let_go():
+    cache = transport.ObjectCache()
+    model = Model()
+    data, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+    transport.loads_request(data)
+    assert len(transport._OBJECTS) == 1
+    lease.release()
+    del model
+    gc.collect()
+    later, lease = request(add, [((1,), {})], cache)
+    transport.loads_request(later)  # carries the live entries: none
+    assert transport._OBJECTS == {}
+    lease.release()
+    cache.close()
+
+
+def test_refresh_sends_the_current_state():
+    cache = transport.ObjectCache()
+    model = Model()
+    try:
+        _, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        lease.release()
+        assert cache.refresh(model.score) and not cache.refresh(model.score)
+        model.weights = model.weights * 2
+        data, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        assert transport.loads_request(data)[0](1) == 2.0
+        lease.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+    assert ours() == set()
+
+
+def test_an_argument_repeated_in_many_calls_is_cached():
+    cache = transport.ObjectCache()
+    table = {"rows": list(range(300_000))}  # ~1.5 MB of pickle, no buffers
+    try:
+        calls = [((table, i), {}) for i in range(10)]
+        data, lease = request(add, calls, cache)
+        assert len(cache) == 1
+        assert len(data) < 4096  # every call carries a ref, the table went once
+        _, calls_back, _ = transport.loads_request(data)
+        assert all(c[0][0] == table for c in calls_back)
+        lease.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+    assert ours() == set()
+
+
+def test_distinct_arguments_are_not_cached():
+    cache = transport.ObjectCache()
+    arrays = [np.ones(BIG // 8 + 1) for _ in range(4)]
+    data, lease = request(add, [((a,), {}) for a in arrays], cache)
+    assert len(cache) == 0 and len(lease.segments) == 4
+    lease.release()
+    # a second pass long after the first is no repeat either
+    for _ in range(transport.RECENT_CALLS):
+        lease = request(add, [((1,), {})], cache)[1]
+        lease.release()
+    data, lease = request(add, [((a,), {}) for a in arrays], cache)
+    assert len(cache) == 0
+    lease.release()
+    cache.close()
+
+
+def test_a_cached_array_gives_each_task_its_own_view():
+    cache = transport.ObjectCache()
+    array = np.zeros(BIG // 8 + 1)
+    try:
+        data, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
+        data2, lease2 = request(add, [((array, 3), {})], cache)
+        assert len(cache) == 1 and len(data2) < 4096
+        a = transport.loads_request(data2)[1][0][0][0]
+        a += 1
+        b = transport.loads_request(data2)[1][0][0][0]
+        assert b.max() == 0
+        lease.release()
+        lease2.release()
+    finally:
+        cache.close()
+    assert ours() == set()
+
+
+def test_strongly_held_entries_are_bounded():
+    cache = transport.ObjectCache()
+    leases = []
+    for _ in range(transport.MAX_STRONG_ENTRIES + 3):
+        big = list(range(300_000))  # a list cannot be weakly referenced: held strongly
+        leases.append(request(add, [((big,), {}), ((big,), {})], cache)[1])
+    assert len(cache) == transport.MAX_STRONG_ENTRIES
+    for lease in leases:
+        lease.release()
+    cache.close()
+    assert ours() == set()
+
+
+def test_a_partial_is_cached_as_a_whole():
+    cache = transport.ObjectCache()
+    fn = functools.partial(add, np.ones(BIG // 8 + 1))
+    try:
+        data, lease = request(transport.CachedCallable(fn), [((1,), {})], cache)
+        assert len(data) < 2048
+        assert transport.loads_request(data)[0](1)[0] == 2.0
+        lease.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+
+
+def test_no_warning_is_left_by_the_tracker_registration():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        name = _shm.create(memoryview(b"z" * 10))
+        _shm.unlink(name)
