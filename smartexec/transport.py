@@ -602,7 +602,7 @@ class ObjectCache:
         """``(call index, position or keyword, object)`` of each argument that may be big."""
         threshold = self.threshold_bytes
         atomic = _ATOMIC
-        found = []
+        found: list[tuple[int, Any, Any]] = []
         for index, (args, kwargs) in enumerate(calls, start):
             for position, arg in enumerate(args):
                 if type(arg) not in atomic and _may_be_big(arg, threshold, np):
