@@ -23,14 +23,15 @@ def _leftovers() -> dict[int, str]:
     }
 
 
-_OWNER = re.compile(r"(?:loky|joblib_memmapping_folder)[-_](\d+)[-_]")
+_OWNER = re.compile(r"(?:loky|joblib_memmapping_folder|^smx)[-_](\d+)[-_]")
 
 
 def _shm() -> set[str]:
     """Segments in /dev/shm, less those that name another process as their owner.
 
-    loky names its semaphores ``sem.loky-<pid>-...``: those of other processes
-    (a concurrent test run) are not ours to judge.
+    loky names its semaphores ``sem.loky-<pid>-...`` and smartexec its segments
+    ``smx_<owner pid>_...`` (smartexec/_shm.py): those of other processes (a
+    concurrent test run) are not ours to judge.
     """
     try:
         names = os.listdir("/dev/shm")

@@ -36,10 +36,13 @@ def slow_total(a, seconds=0.2):
     return float(a.sum())
 
 
-def die_holding_a_result(a, i):
-    """Make a result segment for the parent, as a reply would, then die before sending it."""
+def die_holding_a_result(a, i, owner):
+    """Make a result segment for ``owner``, as a reply would, then die before sending it.
+
+    ``owner`` is the executor's pid (a fork worker's parent is its pool's zygote).
+    """
     if i == 3:
-        _shm.create(memoryview(np.ones(MiB)), owner=os.getppid())
+        _shm.create(memoryview(np.ones(MiB)), owner=owner)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.05)
     return float(a.sum()) + i
@@ -79,7 +82,7 @@ def test_normal_shutdown_unlinks_everything(backend):
 def test_a_sigkilled_worker_leaves_no_segment(backend):
     a = np.ones(2 * MiB // 8)
     with SmartExecutor(2, backend=backend) as ex:
-        futures = [ex.submit(die_holding_a_result, a, i) for i in range(8)]
+        futures = [ex.submit(die_holding_a_result, a, i, os.getpid()) for i in range(8)]
         errors = [f.exception(timeout=60) for f in futures]
         assert errors[3] is not None
         if backend == "fork":
