@@ -327,9 +327,12 @@ class InlineRun:
                 if len(results) - before < size:
                     self.exhausted = True
                     break
-                if time.perf_counter() - start >= seconds or len(results) >= max_items:
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds or len(results) >= max_items:
                     break
                 size = min(2 * size, TINY_BATCH * 8, max_items - len(results))
+                if elapsed + elapsed / len(results) * size > 1.5 * seconds:
+                    break  # the next batch would overshoot: slow items, measured enough
         else:
             deadline = start + seconds
             append = results.append
