@@ -21,11 +21,13 @@ from .errors import (
 from .executor import SmartExecutor
 from .policy import Decision
 from .registry import available_backends, register_backend
+from .stats import ExecutorStats
 
 __all__ = [
     "SmartExecutor",
     "parallel_map",
     "Decision",
+    "ExecutorStats",
     "register_backend",
     "available_backends",
     "PayloadPicklingError",

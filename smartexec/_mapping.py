@@ -39,6 +39,7 @@ __all__ = [
     "InlineRun",
     "default_buffersize",
     "common_length",
+    "count_at_end",
     "drain",
     "inline_batches",
     "lazy_inline",
@@ -297,12 +298,18 @@ class InlineRun:
     """
 
     def __init__(
-        self, fn: Callable[..., Any], inputs: Iterator[Any], estimate: Estimate, star: bool
+        self,
+        fn: Callable[..., Any],
+        inputs: Iterator[Any],
+        estimate: Estimate,
+        star: bool,
+        on_batch: Callable[[int, float], None] | None = None,
     ):
         self.fn = fn
         self.inputs = inputs
         self.star = star
         self.estimate = estimate
+        self.on_batch = on_batch  # (items, seconds) after each batch: for stats
         self.exhausted = False
         self.error: BaseException | None = None
         self.items = 0
@@ -350,6 +357,8 @@ class InlineRun:
         self.estimate.observe(len(results) + (self.error is not None), elapsed)
         self.items += len(results)
         self.elapsed_s += elapsed
+        if self.on_batch is not None:
+            self.on_batch(len(results) + (self.error is not None), elapsed)
         return results
 
 
@@ -412,8 +421,34 @@ def then_raise(results: list[Any], error: BaseException) -> Iterator[Any]:
     raise error
 
 
-def lazy_inline(fn: Callable[..., Any], inputs: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
-    yield from itertools.starmap(fn, inputs)
+def lazy_inline(
+    fn: Callable[..., Any],
+    inputs: Iterator[tuple[Any, ...]],
+    on_end: Callable[[int, float], None] | None = None,
+) -> Iterator[Any]:
+    """Run a map in the calling thread as it is iterated (the inline backend).
+
+    ``on_end(items, seconds)`` is called when the iteration stops, however.
+    """
+    items = 0
+    start = time.perf_counter()
+    try:
+        for args in inputs:
+            items += 1
+            yield fn(*args)
+    finally:
+        if on_end is not None:
+            on_end(items, time.perf_counter() - start)
+
+
+def count_at_end(n_items: int, start: float, on_end: Callable[[int, float], None]) -> Iterator[Any]:
+    """Yield nothing; report ``n_items`` and the seconds since ``start`` when reached.
+
+    Chained after a C-level map, it counts a run that was iterated to the end
+    without a per-item cost.
+    """
+    on_end(n_items, time.perf_counter() - start)
+    yield from ()
 
 
 def inline_batches(

@@ -28,6 +28,7 @@ from ._mapping import (
     ChunkStream,
     InlineRun,
     common_length,
+    count_at_end,
     default_buffersize,
     drain,
     inline_batches,
@@ -54,6 +55,7 @@ from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .progress import ProgressFactory, progress_factory, track
 from .registry import create_backend, get_backend_class
+from .stats import ExecutorStats, StatsRecorder
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
 __all__ = ["SmartExecutor"]
@@ -103,10 +105,18 @@ def _send(
     calls: list[Call],
     budget_s: float | None,
     timeout_s: float | None,
+    recorder: StatsRecorder,
 ) -> Future[ChunkResult]:
+    """Send one chunk (with a timeout only when one is set) and count it for stats()."""
+    start = time.perf_counter()
     if timeout_s is None:
-        return backend.submit_chunk(target, calls, budget_s)
-    return backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
+        future = backend.submit_chunk(target, calls, budget_s)
+    else:
+        future = backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
+    recorder.track(
+        backend.name, backend.max_workers, len(calls), future, time.perf_counter() - start
+    )
+    return future
 
 
 def _other_threads() -> int:
@@ -366,6 +376,7 @@ class SmartExecutor(Executor):
         self._backends: dict[str, Backend] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
+        self._stats = StatsRecorder()
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:
@@ -517,6 +528,24 @@ class SmartExecutor(Executor):
         refreshed = [backend.refresh(fn) for backend in backends]
         return any(refreshed)
 
+    def stats(self) -> ExecutorStats:
+        """Return where this executor's time went, per backend, and why workers idled.
+
+        For each backend that ran work: items and chunks run, the chunksizes
+        used, seconds working (in the calls, measured in the workers),
+        waiting (worker time not in calls while work was in flight) and
+        dispatching (the caller sending chunks); ``"inline"`` counts items
+        run in the calling thread. ``.warnings`` holds one line per backend
+        whose workers were busy under 80 % of the time, with the likely cause
+        (chunks too small, payload too big, too few items), as mpire's
+        insights do; ``str()`` prints it all with the last decisions.
+
+        Returns:
+            An :class:`~smartexec.stats.ExecutorStats` snapshot (it does not
+            change as more work runs).
+        """
+        return self._stats.snapshot(self.decisions())
+
     def decisions(self) -> tuple[Decision, ...]:
         """Return the routing decisions this executor made, oldest first.
 
@@ -539,7 +568,7 @@ class SmartExecutor(Executor):
             timeout_s = self._task_timeout
 
             def send() -> Future[ChunkResult]:
-                return _send(backend, target, [call], None, timeout_s)
+                return _send(backend, target, [call], None, timeout_s, self._stats)
 
             inner = send()
             self._started.add(backend.name)
@@ -600,7 +629,7 @@ class SmartExecutor(Executor):
             decision = self._with_timeout(decision, task_timeout)
             backend = self._backend(decision.backend)
         if backend.synchronous:
-            return lazy_inline(fn, inputs)
+            return lazy_inline(fn, inputs, self._stats.inline)
 
         # Callables shared by copy-on-write never run here: their writes to
         # their own state must stay in the workers, for every item alike.
@@ -669,7 +698,7 @@ class SmartExecutor(Executor):
             head = list(itertools.islice(items, PICKLE_SAMPLE))
             items = itertools.chain(head, items)
             head = head if star else [(x,) for x in head]
-        run = InlineRun(fn, items, estimate, star)
+        run = InlineRun(fn, items, estimate, star, self._stats.inline)
         prefix: list[Any] = []
         measured_now = estimate.per_item_s is None
         if measured_now or gil_check:
@@ -678,6 +707,7 @@ class SmartExecutor(Executor):
             # Run the next items on two threads while sampling the GIL.
             watched = watch(fn, run.inputs, star, max_items=GIL_PROBE_MAX_ITEMS)
             prefix += watched.results
+            self._stats.inline(len(watched.results), watched.profile.wall_s)
             run.items += len(watched.results)
             run.elapsed_s += watched.profile.wall_s
             run.error, run.exhausted = watched.error, watched.exhausted
@@ -751,9 +781,11 @@ class SmartExecutor(Executor):
             # batches below would cost 15-25 ns per item more on every tiny map.
             # (An estimate from an older map is re-checked: it may be stale.)
             rest_items = run.inputs
+            n_rest = remaining - run.items
             return itertools.chain(
                 drain(prefix),
                 (itertools.starmap if star else map)(fn, rest_items),
+                count_at_end(n_rest, time.perf_counter(), self._stats.inline),
             )
         return itertools.chain.from_iterable(inline_batches(prefix, run, left, verdict, switch))
 
@@ -815,7 +847,7 @@ class SmartExecutor(Executor):
             self._started.add(backend.name)
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
-                return _send(backend, target, calls, budget_s, task_timeout)
+                return _send(backend, target, calls, budget_s, task_timeout, self._stats)
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
                 if is_pickling_failure(exc):

@@ -157,9 +157,16 @@ def decide(
       goes to fork, whose workers can be stopped one at a time.
 
     Args:
-        profile, platform, options, measured: as for the table.
+        profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
+        platform: what the host allows (see :func:`smartexec._system.current_platform`).
+        options: what the user asked for.
+        measured: how the callable's first items used the CPU and the GIL
+            (see :mod:`smartexec.gil`), or None before any measurement.
         other_threads: threads running in this process besides the calling
             thread and smartexec's own (int >= 0).
+
+    Returns:
+        A :class:`Decision` whose ``reasons`` say why, in order.
     """
     decision = _decide(profile, platform, options, measured)
     if (

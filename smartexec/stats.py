@@ -1,0 +1,248 @@
+"""Insights: where an executor's time went, per backend, and why workers idled.
+
+:class:`StatsRecorder` is fed by :class:`~smartexec.executor.SmartExecutor`
+as chunks are sent and finish; :meth:`SmartExecutor.stats` returns an
+:class:`ExecutorStats` snapshot. For each backend it counts:
+
+* **items** and **chunks** run, and the **chunksizes** used;
+* **working**: seconds the workers spent in the user's calls (measured where
+  they ran, :attr:`ChunkResult.compute_s`);
+* **dispatching**: seconds the caller spent sending chunks (pickling,
+  shared memory, queueing): what ``submit_chunk`` took;
+* **active**: wall seconds during which the backend had at least one chunk
+  in flight; ``active x workers - working`` is the workers' **waiting**.
+
+When workers were busy under :data:`BUSY_WARN_BELOW` of the active time, the
+snapshot carries a one-line warning with the likely cause, the way mpire's
+insights flag pools that spend their time on overhead.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BackendStats", "ExecutorStats", "StatsRecorder", "BUSY_WARN_BELOW"]
+
+#: Below this share of their active time spent working, workers get a warning.
+BUSY_WARN_BELOW = 0.8
+
+
+@dataclass(frozen=True)
+class BackendStats:
+    """What one backend ran (a snapshot).
+
+    Attributes:
+        backend: the backend's name.
+        workers: its worker count (int).
+        items: calls run, failed ones included (int).
+        chunks: chunks finished (int).
+        failed_chunks: chunks that failed as a whole (a dead worker, a
+            timeout, a pickling error) (int).
+        working_s: seconds the workers spent in the calls.
+        dispatching_s: seconds the caller spent sending chunks.
+        active_s: wall seconds with at least one chunk in flight.
+        chunksizes: chunksize -> how many chunks had it.
+    """
+
+    backend: str
+    workers: int
+    items: int
+    chunks: int
+    failed_chunks: int
+    working_s: float
+    dispatching_s: float
+    active_s: float
+    chunksizes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def waiting_s(self) -> float:
+        """Worker-seconds of the active time not spent in calls (at least 0)."""
+        return max(0.0, self.active_s * self.workers - self.working_s)
+
+    @property
+    def busy(self) -> float | None:
+        """``working_s`` over ``active_s x workers`` (0..1), or None before any chunk."""
+        capacity = self.active_s * self.workers
+        return None if capacity <= 0 else min(1.0, self.working_s / capacity)
+
+    def warning(self) -> str | None:
+        """One line when the workers were busy under 80 % of the time, saying why."""
+        busy = self.busy
+        if busy is None or busy >= BUSY_WARN_BELOW or self.chunks == 0:
+            return None
+        per_chunk = self.working_s / self.chunks
+        head = (
+            f"{self.backend}: workers were busy {busy:.0%} of the time "
+            f"({self.working_s:.3f} s of work in {self.active_s:.3f} s x {self.workers} workers)"
+        )
+        per_send = self.dispatching_s / self.chunks
+        if per_send > 0.001 and self.dispatching_s > 0.5 * self.working_s:
+            why = (
+                f"the caller spent {self.dispatching_s:.3f} s sending chunks: the payload "
+                f"(arguments, or the callable's state) is too big for the work it carries"
+            )
+        elif per_chunk < 0.002:
+            why = (
+                f"chunks are too small: {per_chunk * 1e3:.2f} ms of work each; a larger "
+                f"chunksize (or none: smartexec tunes it) amortises the per-chunk cost"
+            )
+        elif self.chunks < 2 * self.workers:
+            why = f"too few chunks ({self.chunks}) to keep {self.workers} workers busy"
+        else:
+            why = (
+                "workers waited for chunks: the input was produced, or the results "
+                "consumed, more slowly than the workers ran"
+            )
+        return f"{head}: {why}"
+
+    def __str__(self) -> str:
+        busy = self.busy
+        sizes = ", ".join(f"{size} x{count}" for size, count in sorted(self.chunksizes.items()))
+        return (
+            f"{self.backend}: {self.items} items in {self.chunks} chunks "
+            f"({self.failed_chunks} failed) on {self.workers} workers; working "
+            f"{self.working_s:.3f} s, waiting {self.waiting_s:.3f} s, dispatching "
+            f"{self.dispatching_s:.3f} s, active {self.active_s:.3f} s"
+            + (f", busy {busy:.0%}" if busy is not None else "")
+            + (f"; chunksizes {sizes}" if sizes else "")
+        )
+
+
+@dataclass(frozen=True)
+class ExecutorStats:
+    """A snapshot of :meth:`SmartExecutor.stats`.
+
+    Attributes:
+        backends: name -> :class:`BackendStats`, for each backend that ran work
+            (``"inline"`` covers items run in the calling thread).
+        decisions: the executor's routing decisions, oldest first (see
+            :meth:`SmartExecutor.decisions`).
+    """
+
+    backends: dict[str, BackendStats]
+    decisions: tuple[Any, ...] = ()
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per backend whose workers were busy under 80 % of the time."""
+        return [w for s in self.backends.values() if (w := s.warning()) is not None]
+
+    def __str__(self) -> str:
+        lines = [str(s) for s in self.backends.values()] or ["no work run yet"]
+        lines += [f"warning: {w}" for w in self.warnings]
+        if self.decisions:
+            lines.append("decisions:")
+            lines += ["  " + line for d in self.decisions[-10:] for line in str(d).splitlines()]
+        return "\n".join(lines)
+
+
+class _Backend:
+    __slots__ = (
+        "workers",
+        "items",
+        "chunks",
+        "failed",
+        "working",
+        "dispatching",
+        "active",
+        "in_flight",
+        "since",
+        "sizes",
+    )
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.items = 0
+        self.chunks = 0
+        self.failed = 0
+        self.working = 0.0
+        self.dispatching = 0.0
+        self.active = 0.0
+        self.in_flight = 0
+        self.since = 0.0
+        self.sizes: collections.Counter[int] = collections.Counter()
+
+
+class StatsRecorder:
+    """Collects what :class:`ExecutorStats` reports. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: dict[str, _Backend] = {}
+
+    def _get(self, name: str, workers: int) -> _Backend:
+        entry = self._backends.get(name)
+        if entry is None:
+            entry = self._backends[name] = _Backend(workers)
+        return entry
+
+    def track(
+        self, name: str, workers: int, n_items: int, future: Future[Any], dispatch_s: float
+    ) -> None:
+        """Count a chunk of ``n_items`` just sent (in ``dispatch_s`` seconds) until it ends."""
+        now = time.perf_counter()
+        with self._lock:
+            entry = self._get(name, workers)
+            entry.dispatching += dispatch_s
+            entry.sizes[n_items] += 1
+            if entry.in_flight == 0:
+                entry.since = now - dispatch_s
+            entry.in_flight += 1
+
+        def done(f: Future[Any]) -> None:
+            end = time.perf_counter()
+            result = None
+            if not f.cancelled() and f.exception() is None:
+                result = f.result()
+            with self._lock:
+                entry.in_flight -= 1
+                if entry.in_flight == 0:
+                    entry.active += end - entry.since
+                if f.cancelled():
+                    return
+                entry.chunks += 1
+                if result is None:
+                    entry.failed += 1
+                    entry.items += n_items
+                    return
+                entry.items += len(result.outcomes)
+                entry.working += result.compute_s
+
+        future.add_done_callback(done)
+
+    def inline(self, n_items: int, seconds: float) -> None:
+        """Count ``n_items`` run in the calling thread in ``seconds``."""
+        if n_items <= 0:
+            return
+        with self._lock:
+            entry = self._get("inline", 1)
+            entry.items += n_items
+            entry.chunks += 1
+            entry.sizes[n_items] += 1
+            entry.working += seconds
+            entry.active += seconds
+
+    def snapshot(self, decisions: tuple[Any, ...] = ()) -> ExecutorStats:
+        """Return the figures so far (chunks in flight count as active until now)."""
+        now = time.perf_counter()
+        with self._lock:
+            backends = {
+                name: BackendStats(
+                    backend=name,
+                    workers=e.workers,
+                    items=e.items,
+                    chunks=e.chunks,
+                    failed_chunks=e.failed,
+                    working_s=e.working,
+                    dispatching_s=e.dispatching,
+                    active_s=e.active + (now - e.since if e.in_flight else 0.0),
+                    chunksizes=dict(e.sizes),
+                )
+                for name, e in self._backends.items()
+            }
+        return ExecutorStats(backends, decisions)

@@ -1,0 +1,109 @@
+"""SmartExecutor.stats(): items, time working / waiting / dispatching, chunksizes, warnings."""
+
+from __future__ import annotations
+
+import pytest
+
+from smartexec import ExecutorStats, SmartExecutor
+from smartexec.stats import BackendStats
+
+from .scenarios import _reliability_workloads as w
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def noop(x):
+    return x
+
+
+def echo_len(data):
+    return len(data)
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky", "thread"])
+def test_stats_count_every_item_and_chunk(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        assert list(ex.map(w.square, range(100), chunksize=7)) == [x * x for x in range(100)]
+        ex.submit(w.square, 3).result(timeout=30)
+        stats = ex.stats()
+    assert isinstance(stats, ExecutorStats)
+    s = stats.backends[backend]
+    assert s.items == 101
+    assert s.chunks == 16  # 15 chunks of the map (14 x 7 + 2) and the submit
+    assert s.chunksizes == {7: 14, 2: 1, 1: 1}
+    assert s.failed_chunks == 0
+    assert s.working_s > 0 and s.active_s > 0 and s.dispatching_s > 0
+    assert s.workers == 2
+    assert backend in str(stats) and "101 items" in str(stats)
+
+
+def test_items_run_in_the_calling_thread_count_as_inline():
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(noop, range(5000))) == list(range(5000))
+        stats = ex.stats()
+    assert stats.backends["inline"].items == 5000
+
+
+def test_the_inline_backend_counts_items_when_the_map_ends():
+    with SmartExecutor(backend="inline") as ex:
+        out = ex.map(noop, range(10))
+        assert ex.stats().backends == {}
+        assert list(out) == list(range(10))
+        assert ex.stats().backends["inline"].items == 10
+
+
+def test_failed_chunks_are_counted():
+    with SmartExecutor(2, backend="fork") as ex:
+        futures = [ex.submit(w.kill_self_at, i) for i in range(5)]
+        for f in futures:
+            f.exception(timeout=30)
+        s = ex.stats().backends["fork"]
+    assert s.failed_chunks == 1 and s.items == 5
+
+
+def test_tiny_chunks_get_a_warning_that_says_so():
+    with SmartExecutor(2, backend="fork") as ex:
+        list(ex.map(noop, range(300), chunksize=1))
+        stats = ex.stats()
+    (warning,) = stats.warnings
+    assert warning.startswith("fork: workers were busy")
+    assert "chunks are too small" in warning
+    assert "warning: fork" in str(stats)
+
+
+def test_a_big_payload_gets_a_warning_that_says_so():
+    data = b"x" * (8 << 20)
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(echo_len, [data] * 8, chunksize=1)) == [len(data)] * 8
+        (warning,) = ex.stats().warnings
+    assert "payload" in warning and "sending chunks" in warning
+
+
+def test_busy_workers_get_no_warning():
+    s = BackendStats("fork", 2, 100, 10, 0, 1.9, 0.01, 1.0, {10: 10})
+    assert s.busy == pytest.approx(0.95)
+    assert s.warning() is None
+    assert s.waiting_s == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("stats", "why"),
+    [
+        (BackendStats("fork", 2, 100, 10, 0, 0.5, 0.4, 1.0), "payload"),
+        (BackendStats("fork", 2, 1000, 1000, 0, 0.0, 0.05, 1.0), "too small"),
+        (BackendStats("fork", 2, 1000, 1000, 0, 0.5, 0.01, 1.0), "too small"),
+        (BackendStats("fork", 4, 3, 3, 0, 0.9, 0.01, 1.0), "too few chunks"),
+        (BackendStats("fork", 2, 100, 50, 0, 1.0, 0.01, 1.0), "waited for chunks"),
+    ],
+)
+def test_each_cause_is_named(stats, why):
+    assert why in stats.warning()
+
+
+def test_a_snapshot_does_not_change_afterwards():
+    with SmartExecutor(2, backend="thread") as ex:
+        list(ex.map(noop, range(10)))
+        before = ex.stats()
+        list(ex.map(noop, range(10)))
+        assert before.backends["thread"].items == 10
+        assert ex.stats().backends["thread"].items == 20
