@@ -9,6 +9,7 @@ is a :class:`ValueError`.
 from __future__ import annotations
 
 import pickle
+from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -63,14 +64,24 @@ class WorkerCrashedError(BrokenProcessPool):
         self.exitcode = exitcode
 
 
-class TaskTimeoutError(TimeoutError):
+# concurrent.futures.TimeoutError is the builtin TimeoutError from Python 3.11
+# on; before, a class of its own: subclass both, so either except clause works.
+_TIMEOUT_BASES: tuple[type[Exception], ...] = (
+    (TimeoutError,)
+    if futures.TimeoutError is TimeoutError
+    else (futures.TimeoutError, TimeoutError)
+)
+
+
+class TaskTimeoutError(*_TIMEOUT_BASES):  # type: ignore[misc]
     """A task ran longer than its ``task_timeout``.
 
     On process backends that can stop a task (``fork``) its worker was killed
     and replaced, so nothing else was affected. On the thread backend the
     call cannot be stopped: the future fails at the deadline while the call
     runs on in its thread. A subclass of the builtin ``TimeoutError``, which
-    is ``concurrent.futures.TimeoutError`` from Python 3.11 on.
+    is ``concurrent.futures.TimeoutError`` from Python 3.11 on (on 3.10 it
+    subclasses both).
 
     Attributes:
         timeout_s: the limit that was passed, seconds.
