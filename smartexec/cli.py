@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -127,13 +128,17 @@ def _backends(args: argparse.Namespace) -> int:
 
     sources = known_backends()
     for name, status in available_backends().items():
-        print(f"{name:10} {status}  ({sources[name]})")
+        origin = f"({sources[name]})"
+        print(f"{name:10} {status}" + ("" if origin in status else f"  {origin}"))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m smartexec", description=__doc__)
+    # "smartexec" when run as the console script, "python -m smartexec" otherwise
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    prog = "python -m smartexec" if script in ("", "__main__.py", "-c") else script
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo", help="run the demo workloads on a source tree (the stdlib by default)"

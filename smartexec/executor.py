@@ -733,7 +733,7 @@ class SmartExecutor(Executor):
                 pickle_parent_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
                 pickle_worker_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
                 remaining=left(),
-                n_workers=backend.max_workers,
+                n_workers=self._parallelism(backend, decision),
                 startup_s=(
                     0.0
                     if backend.name in self._started
@@ -789,6 +789,17 @@ class SmartExecutor(Executor):
             )
         return itertools.chain.from_iterable(inline_batches(prefix, run, left, verdict, switch))
 
+    def _parallelism(self, backend: Backend, decision: Decision) -> int:
+        """How many items ``backend`` can run at once for ``decision``'s callable.
+
+        Threads beyond the CPU count only help calls that wait: a thread
+        backend's ``min(32, cpus + 4)`` workers run computing calls (even
+        GIL-releasing ones) on ``cpus`` cores.
+        """
+        if backend.shares_memory and (decision.gil is None or decision.gil.kind != "waits"):
+            return max(1, min(backend.max_workers, self._platform.cpu_count))
+        return backend.max_workers
+
     def _worth_watching(
         self, run: InlineRun, estimate: Estimate, backend: Backend, remaining: int | None
     ) -> bool:
@@ -809,7 +820,7 @@ class SmartExecutor(Executor):
             pickle_parent_s=0.0,
             pickle_worker_s=0.0,
             remaining=left,
-            n_workers=backend.max_workers,
+            n_workers=min(backend.max_workers, self._platform.cpu_count),
             startup_s=0.0,
             overhead_s=backend.chunk_overhead_s,
         ).inline

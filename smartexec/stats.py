@@ -95,8 +95,8 @@ class BackendStats:
             why = f"too few chunks ({self.chunks}) to keep {self.workers} workers busy"
         else:
             why = (
-                "workers waited for chunks: the input was produced, or the results "
-                "consumed, more slowly than the workers ran"
+                "workers waited for chunks: worker start-up, or an input produced (or "
+                "results consumed) more slowly than the workers ran"
             )
         return f"{head}: {why}"
 
@@ -105,7 +105,8 @@ class BackendStats:
         sizes = ", ".join(f"{size} x{count}" for size, count in sorted(self.chunksizes.items()))
         return (
             f"{self.backend}: {self.items} items in {self.chunks} chunks "
-            f"({self.failed_chunks} failed) on {self.workers} workers; working "
+            f"({self.failed_chunks} failed) on {self.workers} worker"
+            f"{'s' if self.workers != 1 else ''}; working "
             f"{self.working_s:.3f} s, waiting {self.waiting_s:.3f} s, dispatching "
             f"{self.dispatching_s:.3f} s, active {self.active_s:.3f} s"
             + (f", busy {busy:.0%}" if busy is not None else "")
