@@ -72,6 +72,11 @@ class _Slot:
         self.retries = retries  # re-sends left after a worker death
 
 
+#: From an input of unknown length, a chunk is sent once filling it has taken
+#: this many seconds, full or not.
+FILL_S = 0.05
+
+
 class ChunkStream:
     """Iterate the outcomes of a map sent to a backend chunk by chunk.
 
@@ -158,19 +163,49 @@ class ChunkStream:
         size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)
         return size, chunk_budget_s(per_item, size)
 
+    def _take(self, size: int) -> tuple[list[Call], BaseException | None]:
+        """Read up to ``size`` calls; the items read before an input error come too.
+
+        From an input of unknown length, a chunk also ends once filling it has
+        taken :data:`FILL_S` seconds: a slow producer (a socket, a queue) must
+        not hold back the items it already gave.
+        """
+        calls = self._calls
+        if self._remaining is not None:
+            try:
+                return list(itertools.islice(calls, size)), None
+            except Exception as exc:  # islice lost the partial chunk: rare, sized inputs
+                return [], exc
+        chunk: list[Call] = []
+        deadline = time.monotonic() + FILL_S
+        try:
+            for call in calls:
+                chunk.append(call)
+                if len(chunk) >= size or time.monotonic() >= deadline:
+                    return chunk, None
+        except Exception as exc:
+            return chunk, exc
+        self._exhausted = True
+        return chunk, None
+
     def _refill(self) -> None:
         while not self._exhausted and len(self._window) < self._buffersize:
             size, budget = self._next_size()
-            chunk = list(itertools.islice(self._calls, size))
-            if not chunk:
+            chunk, error = self._take(size)
+            if error is not None:
+                self._exhausted = True
+            elif not chunk:
                 self._exhausted = True
                 return
-            if len(chunk) < size:
+            elif len(chunk) < size and self._remaining is not None:
                 self._exhausted = True
-            if self._remaining is not None:
-                self._remaining -= len(chunk)
-            self._window.append(_Slot(chunk, self._send(chunk, budget), self._max_retries))
-            self.sizes.append(len(chunk))
+            if chunk:
+                if self._remaining is not None:
+                    self._remaining -= len(chunk)
+                self._window.append(_Slot(chunk, self._send(chunk, budget), self._max_retries))
+                self.sizes.append(len(chunk))
+            if error is not None:
+                raise error
 
     def _absorb(self, slot: _Slot) -> None:
         """Take a finished chunk's outcomes; re-send what the worker left."""
@@ -198,9 +233,10 @@ class ChunkStream:
         if not (crashed or isinstance(exc, TaskTimeoutError)):
             return False
         if len(slot.calls) > 1 and (not crashed or slot.retries > 0):
-            # Which item was it? Send each alone, right after this slot.
-            retries = slot.retries - crashed
-            singles = [_Slot([call], self._send([call], None), retries) for call in slot.calls]
+            # Which item was it? Send each alone, right after this slot. The
+            # crash is charged to none of them: the culprit crashes again alone
+            # and spends its own retries.
+            singles = [_Slot([call], self._send([call], None), slot.retries) for call in slot.calls]
             slot.calls = []
             for offset, single in enumerate(singles, start=1):
                 self._window.insert(offset, single)
@@ -248,14 +284,16 @@ class ChunkStream:
             while self._window:
                 outcomes = self._wait(self._window[0])
                 self._window.popleft()
+                # Results first, then read more input: a slow producer must
+                # not hold back results that are ready.
+                yield outcomes
+                del outcomes
                 if late_error is None:
                     try:
                         self._refill()
                     except Exception as exc:
                         late_error = exc
                         self._exhausted = True
-                yield outcomes
-                del outcomes
             if late_error is not None:
                 raise late_error
         finally:
@@ -343,7 +381,15 @@ class InlineRun:
         else:
             deadline = start + seconds
             append = results.append
-            for item in inputs:
+            while True:
+                try:
+                    item = next(inputs)
+                except StopIteration:
+                    self.exhausted = True
+                    break
+                except Exception as exc:  # the input itself failed: at this position
+                    self.error = exc
+                    break
                 try:
                     append(fn(*item) if self.star else fn(item))
                 except Exception as exc:
@@ -351,8 +397,6 @@ class InlineRun:
                     break
                 if time.perf_counter() >= deadline or len(results) >= max_items:
                     break
-            else:
-                self.exhausted = True
         elapsed = time.perf_counter() - start
         self.estimate.observe(len(results) + (self.error is not None), elapsed)
         self.items += len(results)
@@ -487,9 +531,6 @@ def inline_batches(
                 if not now.inline:
                     yield stream_values([], switch(now.reason))
                     return
-        known = left()
-        if known is not None and known <= 0:
-            return
         start = time.perf_counter()
         if (estimate.per_item_s or PROBE_S) >= TINY_ITEM_S:
             timed = _TimedItems(run, PROBE_S)
@@ -498,15 +539,14 @@ def inline_batches(
             if size == 0:
                 return
             continue
-        size = tiny if known is None else min(tiny, known)
+        size = tiny
         tiny = min(TINY_BATCH, 4 * tiny)
-        if known is not None:  # a sized input: no need to peek for its end
-            batch: Iterator[Any] = itertools.islice(inputs, size)
-        else:
-            first = next(inputs, _END)
-            if first is _END:
-                return
-            batch = itertools.chain((first,), itertools.islice(inputs, size - 1))
+        # Peek for the end, even of a sized input: its __len__ may be wrong, and
+        # the loop must end where the iteration does, as a plain loop would.
+        first: Any = next(inputs, _END)
+        if first is _END:
+            return
+        batch: Iterator[Any] = itertools.chain((first,), itertools.islice(inputs, size - 1))
         yield apply(run.fn, batch)
 
 

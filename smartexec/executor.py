@@ -16,6 +16,7 @@ import inspect
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, Literal, TypeVar
@@ -86,8 +87,11 @@ def _check_task_timeout(value: Any) -> float | None:
             f"task_timeout must be a number of seconds or None, got {value!r} "
             f"({type(value).__qualname__})"
         )
-    if not value > 0:
-        raise ValueError(f"task_timeout must be > 0 seconds, got {value!r}")
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"task_timeout must be a finite number of seconds > 0, got {value!r}; "
+            f"None means no limit"
+        )
     return float(value)
 
 
@@ -120,20 +124,54 @@ def _send(
 
 
 def _other_threads() -> int:
-    """Threads running besides the calling one and smartexec's own.
+    """Threads running besides the calling one and smartexec's pausable own.
 
-    Ours are named ``smartexec-*``, plus the threads loky runs for the loky
-    backend (its executor manager, from ``loky.*``, and its queue feeder).
+    Ours are named ``smartexec-*`` (paused or released around a fork). loky's
+    threads count: they cannot be paused, and a fork would copy their locks.
     """
     current = threading.current_thread()
     return sum(
         1
         for thread in threading.enumerate()
-        if thread is not current
-        and not thread.name.startswith("smartexec-")
-        and not type(thread).__module__.startswith("loky.")
-        and thread.name != "QueueFeederThread"
+        if thread is not current and not thread.name.startswith("smartexec-")
     )
+
+
+def _chunk_timeout(
+    task_timeout: float | None, n_items: int, per_item_s: float | None
+) -> float | None:
+    """The time limit of a chunk of ``n_items`` when each task has ``task_timeout``.
+
+    One item may take the whole ``task_timeout``; the others get what they
+    are measured to take (``per_item_s``), or ``task_timeout`` each before
+    anything is measured. A chunk over it is stopped and its items are sent
+    again one per chunk, each with ``task_timeout``.
+    """
+    if task_timeout is None or n_items <= 1:
+        return task_timeout
+    other = task_timeout if per_item_s is None else 2 * per_item_s
+    return task_timeout + (n_items - 1) * other
+
+
+def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) -> Iterator[Any]:
+    """Yield ``items``; keep the first ``limit`` of them in ``into`` (as argument tuples)."""
+    for item in items:
+        if len(into) < limit:
+            into.append(item if star else (item,))
+        else:
+            yield item
+            yield from items
+            return
+        yield item
+
+
+def _release_backends(backends: dict[str, Backend]) -> None:
+    """Shut down (without waiting) the backends of an executor that was dropped."""
+    for backend in list(backends.values()):
+        try:
+            backend.shutdown(wait=False)
+        except Exception:  # pragma: no cover - best effort during garbage collection
+            pass
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -377,6 +415,9 @@ class SmartExecutor(Executor):
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         self._stats = StatsRecorder()
+        # Dropped without shutdown(): let the backends go when this object
+        # dies, as the stdlib executors do (the callback holds no reference to self).
+        weakref.finalize(self, _release_backends, self._backends)
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:
@@ -695,9 +736,9 @@ class SmartExecutor(Executor):
         if pickled and not star and isinstance(iterables[0], (list, tuple, range)):
             head = [(x,) for x in iterables[0][:PICKLE_SAMPLE]]  # a sample, not consumed
         elif pickled:
-            head = list(itertools.islice(items, PICKLE_SAMPLE))
-            items = itertools.chain(head, items)
-            head = head if star else [(x,) for x in head]
+            # Kept as the probe reads them: reading ahead would block map() on
+            # a slow producer.
+            items = _recording(items, head, PICKLE_SAMPLE, star)
         run = InlineRun(fn, items, estimate, star, self._stats.inline)
         prefix: list[Any] = []
         measured_now = estimate.per_item_s is None
@@ -858,7 +899,14 @@ class SmartExecutor(Executor):
             self._started.add(backend.name)
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
-                return _send(backend, target, calls, budget_s, task_timeout, self._stats)
+                return _send(
+                    backend,
+                    target,
+                    calls,
+                    budget_s,
+                    _chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
+                    self._stats,
+                )
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
                 if is_pickling_failure(exc):

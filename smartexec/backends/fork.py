@@ -63,6 +63,8 @@ __all__ = ["ForkBackend"]
 PARENT_CHECK_S = 1.0
 #: Seconds a worker gets to exit after being asked before it is killed.
 STOP_TIMEOUT_S = 2.0
+#: Longest single wait of the dispatcher, seconds (it loops after it).
+MAX_WAIT_S = 3600.0
 #: Shared callables that cannot be weakly referenced, kept for reuse at most.
 MAX_STRONG_SHARED = 8
 
@@ -182,8 +184,11 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
             except OSError:
                 pass  # the parent is gone
 
+    poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        ready, _, _ = select.select([ctl.fileno(), wake_r], [], [], PARENT_CHECK_S)
+        ready = {fd for fd, _ in poller.poll(PARENT_CHECK_S * 1000)}
         if not ready and os.getppid() != parent_pid:
             break
         if wake_r in ready:
@@ -313,6 +318,7 @@ class _ForkPool:
         self._queue: collections.deque[_Task] = collections.deque()
         self._unsent: collections.deque[_Task] = collections.deque()
         self._closing = False
+        self._drain_at_exit = False  # shutdown(wait=False) was asked: run the queue out
         self._pause_requested = False
         self._paused = False
         self._broken: BaseException | None = None
@@ -414,6 +420,8 @@ class _ForkPool:
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closing = True
+            if not wait and not cancel_futures:
+                self._drain_at_exit = True
             cancelled = []
             if cancel_futures:
                 # Tasks an idle worker is about to take are as good as started
@@ -544,7 +552,12 @@ class _ForkPool:
             # Every live worker's pipe: a reply, or EOF when it dies.
             conns = [w.conn for w in self._workers if not w.lost]
             deadlines = [w.deadline for w in self._workers if w.deadline is not None]
-            wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+            # Capped: a far deadline (task_timeout of a year) overflows the poll.
+            wait_s = (
+                None
+                if not deadlines
+                else min(MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
+            )
             ready = set(wait_for([self._wake_r, self._ctl, *conns], wait_s))
             if self._wake_r in ready:
                 os.read(self._wake_r, 65536)
@@ -888,15 +901,21 @@ class ForkBackend(Backend):
 
 
 def _shutdown_all_pools() -> None:
-    """At interpreter exit: cancel queued chunks, give running ones a moment, stop.
+    """At interpreter exit: stop every pool of this process.
 
-    Nothing can receive a result any more (every non-daemon thread has
-    ended), so queued chunks are cancelled, running chunks get
-    :data:`STOP_TIMEOUT_S` seconds, and workers still busy are then killed:
-    a forgotten ``shutdown()`` never holds the interpreter's exit.
+    A pool whose executor called ``shutdown(wait=False)`` runs its queued
+    chunks out first, as ``concurrent.futures`` does. Otherwise (the
+    executor was never shut down) nothing can receive a result any more
+    (every non-daemon thread has ended), so queued chunks are cancelled,
+    running chunks get :data:`STOP_TIMEOUT_S` seconds, and workers still
+    busy are then killed: a forgotten ``shutdown()`` never holds the exit.
     """
     for pool in list(_LIVE_POOLS):
-        if pool._pid == os.getpid():
+        if pool._pid != os.getpid():
+            continue
+        if pool._drain_at_exit:
+            pool.shutdown(wait=True)  # shutdown(wait=False) was called: finish the queue
+        else:
             pool.terminate(STOP_TIMEOUT_S)
 
 

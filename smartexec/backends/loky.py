@@ -196,8 +196,10 @@ class LokyBackend(Backend):
             self._closed = True
             pool = self._pool
             pending = list(self._pending)
+        if pool is not None:
+            # Kill first: cancelling loky's own futures while its manager thread
+            # still runs makes it log an InvalidStateError.
+            pool.shutdown(wait=True, kill_workers=True)
         for future in pending:
             future.cancel()
-        if pool is not None:
-            pool.shutdown(wait=True, kill_workers=True)
         self._cache.close()

@@ -143,7 +143,7 @@ def _run_with_deadline(
         except InvalidStateError:
             pass  # finished just in time
 
-    timer = threading.Timer(timeout_s, expire)
+    timer = threading.Timer(min(timeout_s, threading.TIMEOUT_MAX), expire)
     timer.name = "smartexec-deadline"
     timer.daemon = True
     timer.start()

@@ -294,6 +294,9 @@ def test_shutdown_racing_with_submits_never_hangs_or_loses_a_future():
 
 
 def test_a_task_that_creates_an_executor_runs_its_work_inline():
+    from smartexec import gil
+
+    gil.forget()  # fork workers inherit the measurements: start from none
     for backend in ("fork", "loky"):
         with SmartExecutor(2, backend=backend) as ex:
             results, inner_backend, _ = ex.submit(w.nested_map, 5).result(timeout=60)

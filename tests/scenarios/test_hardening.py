@@ -1,0 +1,115 @@
+"""Cases an adversarial pass found: each was a hang, a lost result or a broken pool."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import resource
+import time
+
+import pytest
+
+from smartexec import SmartExecutor
+
+from .. import _children
+from . import _reliability_workloads as w
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_the_fork_backend_works_with_over_1024_open_files():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"cannot raise the open-file limit past 2048 (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    held = []
+    try:
+        held = [open(os.devnull) for _ in range(1100)]
+        with SmartExecutor(2, backend="fork") as ex:
+            assert ex.submit(w.square, 3).result(timeout=30) == 9
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_an_endless_task_timeout_is_refused(bad):
+    with pytest.raises(ValueError, match="finite"):
+        SmartExecutor(task_timeout=bad)
+
+
+def test_a_very_long_task_timeout_is_fine():
+    with SmartExecutor(2, task_timeout=86400 * 365) as ex:
+        assert ex.submit(w.square, 4).result(timeout=30) == 16
+
+
+def test_an_executor_dropped_without_shutdown_lets_its_workers_go():
+    ex = SmartExecutor(2, backend="fork")
+    assert ex.submit(w.square, 2).result(timeout=30) == 4
+    assert _children.child_processes(os.getpid())
+    del ex
+    gc.collect()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if not [c for c in _children.child_processes(os.getpid()).values() if "tracker" not in c]:
+            break
+        time.sleep(0.05)
+    assert not [c for c in _children.child_processes(os.getpid()).values() if "tracker" not in c]
+
+
+def failing_input(n_good):
+    yield from range(n_good)
+    raise OSError("the input broke")
+
+
+@pytest.mark.parametrize(
+    "options", [{"backend": "fork", "chunksize": 3}, {"backend": "fork"}, {}, {"chunksize": 4}]
+)
+def test_an_input_error_comes_after_every_item_read_before_it(options):
+    got = []
+    with SmartExecutor(2, backend=options.get("backend")) as ex:
+        with pytest.raises(OSError, match="the input broke"):
+            for value in ex.map(w.square, failing_input(50), chunksize=options.get("chunksize")):
+                got.append(value)
+    assert got == [i * i for i in range(50)]
+
+
+@pytest.mark.parametrize("backend", ["fork", "thread", None])
+def test_results_of_a_slow_producer_are_not_held_back(backend):
+    produced = []
+
+    def ticker():
+        for i in itertools.count():
+            time.sleep(0.02)
+            produced.append(i)
+            yield i
+
+    with SmartExecutor(2, backend=backend) as ex:
+        results = ex.map(w.square, ticker())
+        first = [next(results) for _ in range(3)]
+        results.close()
+    assert first == [0, 1, 4]
+    assert len(produced) < 60, len(produced)  # not thousands: a chunk did not wait to fill
+
+
+class WrongLength:
+    """Says 100 items, yields 300."""
+
+    def __len__(self):
+        return 100
+
+    def __iter__(self):
+        return iter(range(300))
+
+
+def test_a_wrong_len_does_not_cut_the_map_short():
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(w.square, WrongLength())) == [i * i for i in range(300)]
+
+
+def test_a_crashed_chunk_does_not_spend_the_retries_of_its_other_items(tmp_path):
+    with SmartExecutor(2, max_retries=1) as ex:
+        out = list(ex.map(w.crash_once_each, range(60), [str(tmp_path)] * 60, chunksize=50))
+    assert out == list(range(60))
