@@ -172,18 +172,26 @@ def run_chunk(
     return ChunkResult(outcomes, time.perf_counter() - start)
 
 
-def picklable_outcomes(result: ChunkResult) -> ChunkResult:
+def picklable_outcomes(
+    result: ChunkResult, check: Callable[[Any], Any] | None = None
+) -> ChunkResult:
     """Replace each result that cannot be pickled by an error naming it.
 
     Run in a worker process when a chunk's reply failed to pickle: the items
     whose results pickle keep them; each other item gets a
     :class:`~smartexec.errors.PayloadPicklingError` (``where == "result"``),
     wrapped by :func:`remote_exception`.
+
+    Args:
+        result: the chunk's outcomes.
+        check: pickles one value or raises; default :func:`dumps`
+            (:mod:`smartexec.transport` passes one that copies no big buffer).
     """
+    check = dumps if check is None else check
     outcomes = []
     for ok, value in result.outcomes:
         try:
-            dumps(value)
+            check(value)
         except BaseException as exc:
             error = PayloadPicklingError(
                 f"the result ({type(value).__qualname__}) could not be pickled to send it "

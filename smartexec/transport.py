@@ -74,10 +74,9 @@ from typing import Any
 
 import cloudpickle
 
-from . import _shm
+from . import _remote, _shm
 from ._identity import WeakCallable, identity_key
 from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
-from .errors import PayloadPicklingError
 
 __all__ = [
     "BIG_BUFFER_BYTES",
@@ -330,28 +329,14 @@ class _Discard:
         return memoryview(data).nbytes
 
 
-def picklable_outcomes(result: ChunkResult) -> ChunkResult:
-    """Replace each result that cannot be pickled by an error naming it.
+def _dump_without_copy(value: Any) -> None:
+    """Pickle ``value`` into nothing, big buffers out of band: raises if it cannot."""
+    _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=lambda _: False).dump(value)
 
-    Big buffers are not copied while checking (they stay out of band).
-    """
-    outcomes = []
-    for ok, value in result.outcomes:
-        try:
-            _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=lambda _: False).dump(value)
-        except BaseException as exc:
-            error = PayloadPicklingError(
-                f"the result ({type(value).__qualname__}) could not be pickled to send it "
-                f"back from the worker process: {type(exc).__name__}: {exc}. Return plain "
-                f"data (numbers, strings, lists, dicts, numpy arrays), or use "
-                f'backend="thread" to keep results in-process',
-                where="result",
-                reason=str(exc),
-            )
-            outcomes.append((False, remote_exception(error)))
-        else:
-            outcomes.append((ok, value))
-    return ChunkResult(outcomes, result.compute_s)
+
+def picklable_outcomes(result: ChunkResult) -> ChunkResult:
+    """:func:`smartexec._remote.picklable_outcomes`, copying no big buffer to check."""
+    return _remote.picklable_outcomes(result, _dump_without_copy)
 
 
 def serve_request(data: bytes, owner: int | None = None) -> bytes:

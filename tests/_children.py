@@ -10,10 +10,9 @@ import textwrap
 from pathlib import Path
 
 
-def child_processes(pid: int) -> dict[int, str]:
-    """Return pid -> command line of every live descendant of ``pid`` (Linux /proc)."""
-    parents: dict[int, int] = {}
-    commands: dict[int, str] = {}
+def _live_processes() -> dict[int, tuple[list[str], str]]:
+    """pid -> (stat fields after the command name, command line), zombies left out."""
+    found: dict[int, tuple[list[str], str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -26,17 +25,21 @@ def child_processes(pid: int) -> dict[int, str]:
             continue
         # the command name may contain spaces and parentheses: split after the last ')'
         fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue  # a zombie has exited; its parent only has to reap it
-        parents[int(entry)] = int(fields[1])
-        commands[int(entry)] = cmd
+        if fields[0] != "Z":  # a zombie has exited; its parent only has to reap it
+            found[int(entry)] = (fields, cmd)
+    return found
+
+
+def child_processes(pid: int) -> dict[int, str]:
+    """Return pid -> command line of every live descendant of ``pid`` (Linux /proc)."""
+    live = _live_processes()
     found: dict[int, str] = {}
     frontier = [pid]
     while frontier:
         parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                found[child] = commands[child]
+        for child, (fields, cmd) in live.items():
+            if int(fields[1]) == parent and child not in found:
+                found[child] = cmd
                 frontier.append(child)
     return found
 
@@ -87,21 +90,7 @@ def session_processes(sid: int) -> dict[int, str]:
     its workers stay in it even when orphaned (re-parented to init), so this
     finds leftovers after the child itself has exited.
     """
-    found: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            found[int(entry)] = cmd
-    return found
+    return {pid: cmd for pid, (fields, cmd) in _live_processes().items() if int(fields[3]) == sid}
 
 
 def start_python(code: str) -> subprocess.Popen:
