@@ -79,6 +79,12 @@ def _mark_interpreter_exit() -> None:
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
 
 
+def _require_int(name: str, value: Any, what: str) -> None:
+    """Raise TypeError unless ``value`` is an int (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__qualname__})")
+
+
 def _check_task_timeout(value: Any) -> float | None:
     if value is None:
         return None
@@ -355,11 +361,7 @@ class SmartExecutor(Executor):
         **backend_options: Any,
     ):
         if max_workers is not None:
-            if isinstance(max_workers, bool) or not isinstance(max_workers, int):
-                raise TypeError(
-                    f"max_workers must be an int or None, got {max_workers!r} "
-                    f"({type(max_workers).__qualname__})"
-                )
+            _require_int("max_workers", max_workers, "an int or None")
             if max_workers <= 0:
                 raise ValueError("max_workers must be greater than 0")
         if backend is not None and not isinstance(backend, str):
@@ -367,11 +369,7 @@ class SmartExecutor(Executor):
                 f"backend must be a backend name (str) or None, got {backend!r} "
                 f'({type(backend).__qualname__}); e.g. backend="thread"'
             )
-        if isinstance(big_state_bytes, bool) or not isinstance(big_state_bytes, int):
-            raise TypeError(
-                f"big_state_bytes must be an int (bytes), got {big_state_bytes!r} "
-                f"({type(big_state_bytes).__qualname__})"
-            )
+        _require_int("big_state_bytes", big_state_bytes, "an int (bytes)")
         if big_state_bytes < 0:
             raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
         if prefer is not None and prefer not in PREFER_VALUES:
@@ -382,11 +380,7 @@ class SmartExecutor(Executor):
         if backend_options and backend is None:
             raise TypeError(_options_without_backend(backend_options))
         task_timeout = _check_task_timeout(task_timeout)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int):
-            raise TypeError(
-                f"max_retries must be an int, got {max_retries!r} "
-                f"({type(max_retries).__qualname__})"
-            )
+        _require_int("max_retries", max_retries, "an int")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backend is not None:
@@ -650,10 +644,8 @@ class SmartExecutor(Executor):
             )
             return track(results, factory, total=total, desc=callable_name(fn))
         for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(
-                    f"{name} must be an int or None, got {value!r} ({type(value).__qualname__})"
-                )
+            if value is not None:
+                _require_int(name, value, "an int or None")
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:

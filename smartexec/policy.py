@@ -229,20 +229,7 @@ def _decide(
     options: Options,
     measured: GilProfile | None = None,
 ) -> Decision:
-    """Choose the backend for ``profile`` on ``platform`` under ``options``.
-
-    Pure: it reads only its arguments.
-
-    Args:
-        profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
-        platform: what the host allows (see :func:`smartexec._system.current_platform`).
-        options: what the user asked for.
-        measured: how the callable's first items used the CPU and the GIL
-            (see :mod:`smartexec.gil`), or None before any measurement.
-
-    Returns:
-        A :class:`Decision` whose ``reasons`` say why, in order.
-    """
+    """Walk the module docstring's table for :func:`decide` (same arguments)."""
     what = _describe(profile)
     state = profile.state
     stateful = state.nbytes > 0 or state.error is not None

@@ -60,18 +60,7 @@ def run_python(
     The child's whole process group is killed on timeout, and its output is put
     in the failure message, so a hang fails the test instead of the suite.
     """
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-    )
+    proc = start_python(code, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -93,8 +82,11 @@ def session_processes(sid: int) -> dict[int, str]:
     return {pid: cmd for pid, (fields, cmd) in _live_processes().items() if int(fields[3]) == sid}
 
 
-def start_python(code: str) -> subprocess.Popen:
-    """Start ``code`` in a fresh interpreter, in a new session, stdout piped."""
+def start_python(code: str, cwd: str | None = None) -> subprocess.Popen:
+    """Start ``code`` in a fresh interpreter, in a new session, output piped.
+
+    The repository root is put on ``PYTHONPATH``, so ``tests.*`` modules import.
+    """
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -103,6 +95,7 @@ def start_python(code: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=cwd,
         env=env,
         start_new_session=True,
     )
