@@ -22,6 +22,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Literal, TypeVar
 
 from ._diagnose import is_pickling_failure, pickling_error
+from ._futures import ChainedFuture
 from ._identity import WeakCallable, identity_key
 from ._mapping import (
     PICKLE_SAMPLE,
@@ -210,7 +211,7 @@ def _check_open(executor: SmartExecutor) -> None:
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
 
-class _CallFuture(Future):  # type: ignore[type-arg]
+class _CallFuture(ChainedFuture):
     """The future ``submit`` returns; completed from its one-call chunk."""
 
     def __init__(
@@ -222,8 +223,7 @@ class _CallFuture(Future):  # type: ignore[type-arg]
         resend: Callable[[], Future[ChunkResult]] | None = None,
         retries: int = 0,
     ):
-        super().__init__()
-        self._inner: Future[ChunkResult] | None = inner
+        super().__init__(inner)
         self._origin: tuple[Any, Call, str] | None = (fn, call, backend)
         self._resend = resend
         self._retries = retries
@@ -264,20 +264,6 @@ class _CallFuture(Future):  # type: ignore[type-arg]
             self.set_result(value)
         else:
             self.set_exception(value)
-
-    def cancel(self) -> bool:
-        inner = self._inner
-        if inner is None:
-            # Already transferred (or transferring): the call ran or was
-            # cancelled through its chunk; never cancel a finished call here.
-            return self.cancelled()
-        # Cancelling the chunk runs _transfer, which cancels this future and
-        # notifies its waiters.
-        return inner.cancel()
-
-    def running(self) -> bool:
-        inner = self._inner
-        return Future.running(self) or (inner is not None and inner.running())
 
 
 class SmartExecutor(Executor):

@@ -32,6 +32,7 @@ from typing import Any
 from .. import transport
 from .._blas import thread_env, threads_per_worker
 from .._diagnose import pickling_error
+from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult
 from .._system import WORKER_ENV
 from ..errors import RemoteError
@@ -41,7 +42,7 @@ from ._base import Backend
 __all__ = ["LokyBackend"]
 
 
-class _ReplyFuture(Future):  # type: ignore[type-arg]
+class _ReplyFuture(ChainedFuture):
     """The chunk's future: completed from loky's future by unpickling the reply.
 
     Cancelling it cancels loky's future; the request's lease is released when
@@ -49,8 +50,7 @@ class _ReplyFuture(Future):  # type: ignore[type-arg]
     """
 
     def __init__(self, inner: Future[bytes], lease: transport.Lease, name: str):
-        super().__init__()
-        self._inner: Future[bytes] | None = inner
+        super().__init__(inner)
         self._name = name
         lease.release_when_done(inner)
         inner.add_done_callback(self._transfer)
@@ -81,16 +81,6 @@ class _ReplyFuture(Future):  # type: ignore[type-arg]
             self.set_result(value)
         else:
             self.set_exception(value)
-
-    def cancel(self) -> bool:
-        inner = self._inner
-        if inner is None:
-            return self.cancelled()
-        return inner.cancel()
-
-    def running(self) -> bool:
-        inner = self._inner
-        return Future.running(self) or (inner is not None and inner.running())
 
 
 class LokyBackend(Backend):
