@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-__all__ = ["THREAD_VARIABLES", "threads_per_worker", "thread_env", "cap_in_this_process"]
+__all__ = [
+    "THREAD_VARIABLES",
+    "threads_per_worker",
+    "thread_env",
+    "controller_for_fork",
+    "cap_in_this_process",
+]
 
 #: Environment variables that OpenMP, OpenBLAS, MKL, BLIS, Accelerate and
 #: numexpr read when they start.
@@ -37,15 +44,39 @@ def thread_env(threads: int) -> dict[str, str]:
     return {name: str(threads) for name in THREAD_VARIABLES}
 
 
-def cap_in_this_process(threads: int) -> None:
+_controller: tuple[int, Any] | None = None  # (len(sys.modules) when built, controller)
+
+
+def controller_for_fork() -> Any | None:
+    """threadpoolctl's table of this process's BLAS / OpenMP pools, or None without numpy.
+
+    Called in the parent before a fork, so the child caps its pools in
+    microseconds instead of importing threadpoolctl and scanning its loaded
+    libraries (~5 ms, on the path to the first result). Built once and kept
+    until a module is imported (a new library may have been loaded).
+    """
+    global _controller
+    if "numpy" not in sys.modules:
+        return None
+    if _controller is None or _controller[0] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _controller = (len(sys.modules), ThreadpoolController())
+    return _controller[1]
+
+
+def cap_in_this_process(threads: int, controller: Any | None = None) -> None:
     """Cap this (worker) process's thread pools at ``threads``.
 
     Sets the environment for libraries loaded later and, when numpy is
-    already imported (a fork worker inherits it), limits the loaded BLAS and
-    OpenMP pools with threadpoolctl.
+    already imported (a fork child inherits it), limits the loaded BLAS and
+    OpenMP pools with threadpoolctl, through ``controller`` (from
+    :func:`controller_for_fork`) when given.
     """
     os.environ.update(thread_env(threads))
-    if "numpy" in sys.modules:
+    if controller is not None:
+        controller.limit(limits=threads)  # applies now; kept for the process's life
+    elif "numpy" in sys.modules:
         from threadpoolctl import threadpool_limits
 
-        threadpool_limits(limits=threads)  # applies now; kept for the process's life
+        threadpool_limits(limits=threads)

@@ -47,7 +47,7 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from .. import trampoline, transport
-from .._blas import cap_in_this_process, threads_per_worker
+from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult
@@ -106,8 +106,10 @@ def _quiesced() -> Iterator[None]:
                 pool.resume()
 
 
-def _worker_main(conn: Any, parent_pid: int, blas_threads: int, owner_pid: int) -> None:
+def _worker_main(conn: Any, parent_pid: int, owner_pid: int) -> None:
     """Worker loop (runs in the forked child): receive a chunk, run it, reply.
+
+    Its BLAS thread cap comes from the zygote (see :func:`_zygote_main`).
 
     ``parent_pid`` is the zygote's (the worker exits when it is gone);
     ``owner_pid`` the executor's process, which owns the shared-memory
@@ -115,7 +117,6 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int, owner_pid: int) 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark_worker_process()
-    cap_in_this_process(blas_threads)
     while True:
         try:
             if not conn.poll(PARENT_CHECK_S):
@@ -135,7 +136,9 @@ def _worker_main(conn: Any, parent_pid: int, blas_threads: int, owner_pid: int) 
             return
 
 
-def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_threads: int) -> None:
+def _zygote_main(
+    ctl: socket.socket, parent_end: int, parent_pid: int, blas_threads: int, blas: Any
+) -> None:
     """The zygote (runs in a child forked once per pool): forks the pool's workers.
 
     The parent's dispatcher thread never forks: it asks the zygote, which is
@@ -157,6 +160,11 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(parent_end)  # the parent's end of ctl, inherited by the fork
+    # Cap BLAS here, once, not in each worker: the workers inherit the cap.
+    # Capping OpenBLAS after a fork starts its thread pool, whose threads spin
+    # for ~0.1 s of CPU; here they stop at the zygote's first fork (OpenBLAS
+    # shuts its pool down before a fork), so no worker runs a spinning thread.
+    cap_in_this_process(blas_threads, blas)
     zygote_pid = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -220,7 +228,7 @@ def _zygote_main(ctl: socket.socket, parent_end: int, parent_pid: int, blas_thre
                 os.close(wake_r)
                 os.close(wake_w)
                 conn = multiprocessing.connection.Connection(worker_fd)
-                _worker_main(conn, zygote_pid, blas_threads, parent_pid)
+                _worker_main(conn, zygote_pid, parent_pid)
             except BaseException:
                 code = 1
             finally:
@@ -332,7 +340,7 @@ class _ForkPool:
         self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._zygote = self._ctx.Process(
             target=_zygote_main,
-            args=(zygote_end, self._ctl.fileno(), os.getpid(), blas_threads),
+            args=(zygote_end, self._ctl.fileno(), os.getpid(), blas_threads, controller_for_fork()),
             name="smartexec-fork-zygote",
         )
         with _quiesced(), trampoline.forking(objects):

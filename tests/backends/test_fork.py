@@ -273,6 +273,25 @@ def blas_thread_counts(_=None):
     return sorted({info["num_threads"] for info in threadpool_info()})
 
 
+def threads_in_this_process(_=None):
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_fork_workers_start_no_blas_threads():
+    # Capping OpenBLAS in a fork child starts its pool, whose threads spin for
+    # ~0.1 s of CPU: the zygote caps it once, and its workers inherit the cap.
+    import numpy as np
+
+    (np.ones((64, 64)) @ np.ones((64, 64))).sum()  # the parent's BLAS pool runs
+    with SmartExecutor(2, backend="fork") as ex:
+        counts = [ex.submit(threads_in_this_process).result(timeout=60) for _ in range(4)]
+        assert max(ex.submit(blas_thread_counts).result(timeout=60)) <= 2
+    assert counts == [1, 1, 1, 1]
+
+
 @pytest.mark.parametrize("backend", ["fork", "loky"])
 def test_process_workers_cap_blas_threads(backend):
     from smartexec._blas import threads_per_worker
