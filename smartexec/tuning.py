@@ -14,10 +14,13 @@ The cost model, per backend (see each backend's ``startup_s`` and
   + items x max(parent's pickling per item, (per-item + worker's pickling) / workers)
   + chunks x per-chunk overhead / workers.
 
-Chunks aim at :data:`TARGET_CHUNK_S` of work: long enough that a process
-backend's per-chunk cost (about 150 us for fork, 250 us for loky on the 2-core
-machine this was measured on) stays near 1 %, short enough that every worker
-gets several chunks and results keep flowing. Near the end of a map of known
+Chunks aim at 100 times the backend's per-chunk cost, within
+[:data:`MIN_TARGET_CHUNK_S`, :data:`TARGET_CHUNK_S`] (:func:`chunk_target_s`):
+long enough that dispatch (about 150 us for fork, 250 us for loky, 20 us for
+threads on the 2-core machine this was measured on) stays near 1 %, short
+enough that every worker gets several chunks and results keep flowing. On
+threads that is about 2 ms: the items of a chunk run one after another in one
+thread, so chunking items that wait (reads, sleeps) gives up their overlap. Near the end of a map of known
 length chunks shrink so that workers finish together. Workers also stop a
 chunk early once it has run :data:`CHUNK_BUDGET_FACTOR` times its target (the
 rest of its items are sent again, sized by the newer estimate), so a fast
@@ -34,6 +37,8 @@ from typing import Any
 __all__ = [
     "CHUNKS_PER_WORKER",
     "TARGET_CHUNK_S",
+    "MIN_TARGET_CHUNK_S",
+    "chunk_target_s",
     "CHUNK_BUDGET_FACTOR",
     "PROBE_S",
     "MAX_CHUNK_ITEMS",
@@ -50,11 +55,14 @@ __all__ = [
 #: Source: multiprocessing.Pool.map's heuristic (CPython Lib/multiprocessing/pool.py).
 CHUNKS_PER_WORKER = 4
 
-#: Seconds of work a chunk aims at once per-item time is known. 100x the fork
-#: backend's per-chunk cost, so dispatch stays near 1 % of the work.
-#: Source: benchmarks/bench_overheads.py (fork 118-152 us, loky 238-286 us,
-#: threads 16-25 us per chunk; 2-core machine, 2026-11-29).
+#: The most seconds of work a chunk aims at once per-item time is known
+#: (process backends: about 100x their per-chunk cost, so dispatch stays near
+#: 1 % of the work). Source: benchmarks/bench_overheads.py (fork 118-152 us,
+#: loky 238-286 us, threads 16-25 us per chunk; 2-core machine, 2026-11-29).
 TARGET_CHUNK_S = 0.02
+
+#: The fewest seconds of work a chunk aims at, whatever the backend's cost.
+MIN_TARGET_CHUNK_S = 0.001
 
 #: A worker stops a chunk once it has run this many times its target; the
 #: unfinished items go back to be re-chunked.
@@ -138,6 +146,17 @@ def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False)
     return max(1, -(-n_items // (max(1, n_workers) * CHUNKS_PER_WORKER)))
 
 
+def chunk_target_s(overhead_s: float) -> float:
+    """Seconds of work a chunk aims at on a backend costing ``overhead_s`` per chunk.
+
+    100x the per-chunk cost (1 % dispatch), within [:data:`MIN_TARGET_CHUNK_S`,
+    :data:`TARGET_CHUNK_S`]; a backend costing more than 1 ms per chunk (a
+    cluster) gets at least 20x its cost. Threads (20 us) aim at 2 ms, fork
+    (150 us) at 15 ms, loky (250 us) at 20 ms, Dask (3 ms) at 60 ms.
+    """
+    return max(20 * overhead_s, min(TARGET_CHUNK_S, max(MIN_TARGET_CHUNK_S, 100 * overhead_s)))
+
+
 def chunksize(
     per_item_s: float, n_workers: int, overhead_s: float, remaining: int | None = None
 ) -> int:
@@ -153,8 +172,7 @@ def chunksize(
     Returns:
         An int in ``[1, MAX_CHUNK_ITEMS]``.
     """
-    target = max(TARGET_CHUNK_S, 20 * overhead_s)
-    size = target / max(per_item_s, 1e-9)
+    size = chunk_target_s(overhead_s) / max(per_item_s, 1e-9)
     if remaining is not None:
         size = min(size, remaining / (max(1, n_workers) * TAIL_CHUNKS_PER_WORKER))
     return int(max(1, min(MAX_CHUNK_ITEMS, math.ceil(size))))

@@ -9,7 +9,15 @@ import pytest
 
 from smartexec import SmartExecutor
 from smartexec.backends.fork import ForkBackend
-from smartexec.tuning import MAX_CHUNK_ITEMS, PROBE_MAX_ITEMS, default_chunksize
+from smartexec.backends.loky import LokyBackend
+from smartexec.backends.thread import ThreadBackend
+from smartexec.tuning import (
+    MAX_CHUNK_ITEMS,
+    PROBE_MAX_ITEMS,
+    chunk_target_s,
+    chunksize,
+    default_chunksize,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,6 +55,40 @@ def test_default_chunksize_before_measuring():
     assert default_chunksize(20_000, 2) == 2_500
     assert default_chunksize(3, 2) == 1
     assert default_chunksize(10_000, 4, in_process=True) == 1
+
+
+def test_chunks_aim_at_a_hundred_times_the_backends_per_chunk_cost():
+    assert chunk_target_s(ThreadBackend.chunk_overhead_s) == pytest.approx(0.002)
+    assert chunk_target_s(ForkBackend.chunk_overhead_s) == pytest.approx(0.015)
+    assert chunk_target_s(LokyBackend.chunk_overhead_s) == pytest.approx(0.02)
+    assert chunk_target_s(3e-3) == pytest.approx(0.06)  # a cluster: 20x its cost
+    assert chunk_target_s(0.0) == pytest.approx(0.001)
+
+
+def test_items_of_a_few_milliseconds_are_not_chunked_on_threads():
+    # chunked, items that wait (reads) would wait one after another in one thread
+    assert chunksize(0.004, 6, ThreadBackend.chunk_overhead_s, remaining=1000) == 1
+    assert chunksize(0.004, 2, ForkBackend.chunk_overhead_s, remaining=1000) == 4
+
+
+def sleep_2ms(x):
+    time.sleep(0.002)
+    return x
+
+
+def test_waiting_items_run_one_per_chunk_on_threads(monkeypatch):
+    sizes = []
+    original = ThreadBackend.submit_chunk
+
+    def spy(self, fn, chunk, *args, **kwargs):
+        sizes.append(len(chunk))
+        return original(self, fn, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadBackend, "submit_chunk", spy)
+    with SmartExecutor(backend="thread") as ex:
+        assert list(ex.map(sleep_2ms, range(200))) == list(range(200))
+    assert sum(sizes) == 200
+    assert set(sizes[20:]) == {1}, sizes  # once measured (2 ms per item)
 
 
 def test_no_op_map_falls_back_to_inline(chunk_sizes):
