@@ -18,11 +18,12 @@ make SmartExecutor send fork-bound work to loky (fork safety).
 
 Data reach the workers as arguments (each item its own array or buffer), as
 in ``map(np.sort, arrays)``: a process pool pickles them, threads do not.
-Each contender runs each workload ``--rounds`` times; the median is kept.
+Each contender runs each workload ``--rounds`` times, the contenders taking
+turns within each round; the median is kept.
 Prints per workload: seconds, speed-up over serial, ratio to the best
 contender (1.00 = the best; higher is better), and SmartExecutor's route.
 
-Run: ``python benchmarks/bench_gil.py [--workers 2] [--rounds 3] [--quick]``
+Run: ``python benchmarks/bench_gil.py [--workers 2] [--rounds 3] [--quick] [--only TEXT]``
 """
 
 from __future__ import annotations
@@ -52,11 +53,20 @@ def workloads(scale, tmpdir):
     start = time.perf_counter()
     np.sort(sort_array)
     half_loop = w.loop_size_for(time.perf_counter() - start)
+    # Workers must not read the same file at once: they would share its disk
+    # reads, which favours whichever contender happens to pair them (a chunked
+    # process pool did, with 16 files read 16 times). So every file is read
+    # once per pass; a run makes two passes because this VM's disk alternates
+    # fast and slow passes over the same files (0.31 / 0.41 s, run after run).
     paths = []
-    for i in range(16):
+    block = bytearray(os.urandom(4 << 20))
+    for i in range(n(128)):
         path = os.path.join(tmpdir, f"file{i}.bin")
+        block[:8] = i.to_bytes(8, "little")
         with open(path, "wb") as f:
-            f.write(os.urandom(4 << 20))
+            f.write(block)
+            f.flush()
+            os.fsync(f.fileno())  # clean pages, so the reads' POSIX_FADV_DONTNEED drops them
         paths.append(path)
     blocks = [os.urandom(4 << 20) for _ in range(n(32))]
     text = [(b"%d smartexec " % i) * ((4 << 20) // 14) for i in range(n(24))]
@@ -71,7 +81,7 @@ def workloads(scale, tmpdir):
         ("sha256 of 4 MiB", w.sha256_hex, blocks * 3),
         ("zlib.compress 4 MiB", w.compressed_size, text),
         ("time.sleep(0.01)", w.sleep_10ms, list(range(n(100)))),
-        ("read a 4 MiB file", w.file_size, paths * n(16)),
+        ("read a 4 MiB file", w.file_size, paths * 2),
         ("50/50 loop + np.sort", w.half_python_half_numpy, [(half_loop, sort_array)] * n(48)),
     ]
 
@@ -138,6 +148,9 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a quarter of the items, 1 round")
+    parser.add_argument(
+        "--only", default="", help="run only workloads whose name contains this text"
+    )
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     print(f"{os.cpu_count()} CPUs, {args.workers} process workers, median of {rounds} round(s)")
@@ -145,17 +158,19 @@ def main(argv=None):
     worst = worst_first = float("inf")
     with tempfile.TemporaryDirectory() as tmpdir:
         for name, fn, items in workloads(0.25 if args.quick else 1.0, tmpdir):
+            if args.only not in name:
+                continue
             expected = [fn(x) for x in items]
-            rows: dict[str, float] = {}
             route: list[str] = []
-            for label, run in contenders(args.workers, len(items)).items():
-                times = []
-                for _ in range(rounds):
+            runs = contenders(args.workers, len(items))
+            times: dict[str, list[float]] = {label: [] for label in runs}
+            for _ in range(rounds):  # interleaved: drift and cache state hit all alike
+                for label, run in runs.items():
                     t, out = timed(run, fn, items, route)
                     # BLAS sums in another order with fewer threads: compare floats loosely
                     assert out == expected or np.allclose(out, expected), (name, label)
-                    times.append(t)
-                rows[label] = statistics.median(times)
+                    times[label].append(t)
+            rows = {label: statistics.median(ts) for label, ts in times.items()}
             serial = rows["serial"]
             processes = min(t for label, t in rows.items() if label.startswith("processes"))
             best = min(rows["threads"], processes, rows["joblib"], rows["smartexec"])
