@@ -523,8 +523,11 @@ def inline_batches(
     while True:
         if size:
             before = estimate.per_item_s or 0.0
-            estimate.observe(size, time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            estimate.observe(size, elapsed)
             run.items += size
+            if run.on_batch is not None:
+                run.on_batch(size, elapsed)
             # A loop can only start losing when items get slower: re-check then.
             if (estimate.per_item_s or 0.0) > 1.2 * before:
                 now = verdict()
@@ -539,14 +542,14 @@ def inline_batches(
             if size == 0:
                 return
             continue
-        size = tiny
-        tiny = min(TINY_BATCH, 4 * tiny)
-        # Peek for the end, even of a sized input: its __len__ may be wrong, and
-        # the loop must end where the iteration does, as a plain loop would.
-        first: Any = next(inputs, _END)
-        if first is _END:
+        # Taken as a list (up to TINY_BATCH references, read at C speed) so the
+        # batch's size is exact for the estimate and stats. The end is where
+        # the iteration ends, even for a sized input whose __len__ is wrong.
+        batch = list(itertools.islice(inputs, tiny))
+        if not batch:
             return
-        batch: Iterator[Any] = itertools.chain((first,), itertools.islice(inputs, size - 1))
+        size = len(batch)
+        tiny = min(TINY_BATCH, 4 * tiny)
         yield apply(run.fn, batch)
 
 
@@ -565,9 +568,6 @@ class _TimedItems:
             yield fn(*item) if star else fn(item)
             if time.perf_counter() >= self._deadline:
                 return
-
-
-_END = object()
 
 
 def stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
