@@ -47,6 +47,7 @@ from .gil import (
     GIL_MIN_ITEM_S,
     GIL_PROBE_MAX_ITEMS,
     GIL_PROBE_S,
+    MANY_CORES,
     GilProfile,
     recall,
     recheck_due,
@@ -656,15 +657,24 @@ class SmartExecutor(Executor):
         # in this thread first buys little there, and would block map() on
         # producer/consumer code (items that wait for the caller).
         # A route that rests on whether the callable holds the GIL is measured
-        # on its first map, and again every GIL_RECHECK_MAPS maps.
+        # on its first map, and again every GIL_RECHECK_MAPS maps. An item
+        # that keeps the cores busy by itself (its own BLAS threads) is
+        # measured on threads too: a loop is then as fast, with no
+        # oversubscription.
         gil_check = decision.measure or (decision.gil is not None and recheck_due(fn))
+        parallel_already = (
+            backend.shares_memory
+            and decision.gil is not None
+            and decision.gil.cores >= MANY_CORES
+            and self._parallelism(backend, decision) <= 1
+        )
         auto = (
             chunksize is None
             and self._options.backend is None
             and timeout is None
             and task_timeout is None
             and not decision.share
-            and (gil_check or not backend.shares_memory)
+            and (gil_check or not backend.shares_memory or parallel_already)
         )
 
         def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
@@ -813,10 +823,14 @@ class SmartExecutor(Executor):
 
         Threads beyond the CPU count only help calls that wait: a thread
         backend's ``min(32, cpus + 4)`` workers run computing calls (even
-        GIL-releasing ones) on ``cpus`` cores.
+        GIL-releasing ones) on ``cpus`` cores; and an item measured to keep
+        ``k`` cores busy (its own BLAS threads) leaves room for ``cpus / k``
+        of them, so one that already uses every core is run inline.
         """
-        if backend.shares_memory and (decision.gil is None or decision.gil.kind != "waits"):
-            return max(1, min(backend.max_workers, self._platform.cpu_count))
+        gil = decision.gil
+        if backend.shares_memory and (gil is None or gil.kind != "waits"):
+            per_item = max(1.0, gil.cores) if gil is not None else 1.0
+            return max(1, min(backend.max_workers, round(self._platform.cpu_count / per_item)))
         return backend.max_workers
 
     def _worth_watching(

@@ -7,7 +7,9 @@ of a map are run in the calling thread while :class:`GilSampler` watches:
 
 * **CPU share**: the process's CPU time (``time.process_time``, so the
   threads of a BLAS library count too) over the wall time, at most 1. An
-  item that sleeps or waits for I/O uses little CPU.
+  item that sleeps or waits for I/O uses little CPU. Uncapped, the same
+  ratio is the number of cores one item keeps busy (``GilProfile.cores``):
+  ``A @ A`` on a multithreaded BLAS keeps them all busy already.
 * **GIL share**: a helper thread sleeps :data:`SAMPLE_PERIOD_S` at a time.
   Waking up needs the GIL, so each wake-up is late by as long as the
   measured thread keeps the GIL (up to the switch interval, 5 ms by
@@ -56,6 +58,7 @@ __all__ = [
     "forget",
     "CPU_SHARE_WAITS",
     "GIL_SHARE_HOLDS",
+    "MANY_CORES",
     "GIL_PROBE_S",
     "GIL_PROBE_MAX_ITEMS",
     "GIL_MIN_ITEM_S",
@@ -83,6 +86,11 @@ GIL_SHARE_HOLDS = 0.25
 #: the share of a pure-Python loop read 0.41-0.65 instead of 0.74-0.86
 #: (2-core machine, under load): too close to call.
 WATCH_THREADS = 1
+
+#: An item that keeps this many cores busy or more (its own threads: a
+#: multithreaded BLAS) is said to be parallel already: threads running several
+#: such items at once share the same cores (see :attr:`GilProfile.cores`).
+MANY_CORES = 1.5
 
 #: Seconds the first items of a map are watched before a verdict, when the
 #: route depends on it. At 0.5 ms a sample this gives about 10 samples even
@@ -146,6 +154,10 @@ class GilProfile:
         gil_share: the fraction of ``wall_s`` the GIL was held (0..1).
         samples: wake-ups of the sampling thread (int).
         threads: threads that ran items while watched (int).
+        cores: cores one item keeps busy: the process's CPU time over the
+            time the threads running items were not queued, per such thread
+            (float; above 1 when an item runs threads of its own, as a
+            multithreaded BLAS does for ``A @ A``).
     """
 
     kind: GilKind
@@ -155,6 +167,7 @@ class GilProfile:
     gil_share: float
     samples: int
     threads: int = 1
+    cores: float = 1.0
 
     def __str__(self) -> str:
         on = f" on {self.threads} threads" if self.threads > 1 else ""
@@ -163,6 +176,10 @@ class GilProfile:
             f"({self.wall_s * 1000:.0f} ms): on the CPU {self.cpu_share:.0%} of the time, "
             f"the GIL held {self.gil_share:.0%} of it"
         )
+        if self.cores >= MANY_CORES:
+            figures += (
+                f"; one item keeps {self.cores:.1f} cores busy (threads of its own: BLAS, OpenMP)"
+            )
         meaning = {
             "waits": "it mostly waits (I/O, sleep, a child process)",
             "releases": "it computes without the GIL (numpy, hashlib, zlib ... on big data)",
@@ -272,7 +289,8 @@ class GilSampler:
         for other_busy, other_queued in others or []:
             busy += other_busy - other_queued
         threads = 1 + len(others or [])
-        cpu_share = min(1.0, cpu / max(busy, 1e-9))
+        cores = cpu / max(busy, 1e-9)
+        cpu_share = min(1.0, cores)
         # Time the measured thread sat queued is time it may have held the
         # GIL without working: count the share over the time it was not queued.
         gil_share = min(1.0, late / max(wall - queued, wall * 0.05))
@@ -284,6 +302,7 @@ class GilSampler:
             gil_share,
             self._samples,
             threads,
+            round(cores, 2),
         )
         return self._result
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from smartexec import gil
+from smartexec import SmartExecutor, gil
 from smartexec.gil import CPU_SHARE_WAITS, GIL_SHARE_HOLDS, GilSampler, classify
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,6 +102,44 @@ def test_a_callable_without_weak_references_is_not_kept():
     items = []
     gil.remember(items.append, profile)  # a list's method: cannot be held weakly
     assert gil.recall(items.append) is None
+
+
+def matrix_sum(a):
+    return float(a.sum())
+
+
+def test_an_item_that_keeps_every_core_busy_runs_inline_not_on_threads():
+    # A @ A on a multithreaded BLAS: the measurement says one item keeps all
+    # cores busy, so threads running several would only oversubscribe them.
+    import numpy as np
+
+    from smartexec._system import current_platform
+
+    cores = float(current_platform().cpu_count)
+    gil.remember(matrix_sum, gil.GilProfile("releases", 9, 0.055, 1.0, 0.0, 100, 1, cores))
+    try:
+        with SmartExecutor(2) as ex:
+            arrays = [np.full(4, float(i)) for i in range(200)]
+            assert list(ex.map(matrix_sum, arrays)) == [4.0 * i for i in range(200)]
+            last = ex.decisions()[-1]
+            assert ex.stats().backends["inline"].items == 200
+        assert last.backend == "inline", str(last)
+        assert f"keeps {cores:.1f} cores busy" in str(last)
+    finally:
+        gil.forget(matrix_sum)
+
+
+def test_an_item_on_one_core_still_runs_on_threads():
+    import numpy as np
+
+    gil.remember(matrix_sum, gil.GilProfile("releases", 9, 0.055, 1.0, 0.0, 100, 1, 1.0))
+    try:
+        with SmartExecutor(2) as ex:
+            arrays = [np.full(4, float(i)) for i in range(20)]
+            assert list(ex.map(matrix_sum, arrays)) == [4.0 * i for i in range(20)]
+            assert ex.decisions()[-1].backend == "thread"
+    finally:
+        gil.forget(matrix_sum)
 
 
 def test_str_states_the_figures_and_the_meaning():
