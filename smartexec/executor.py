@@ -44,6 +44,7 @@ from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError, WorkerCrashedError
 from .gil import (
+    GIL_DECIDED_S,
     GIL_MIN_ITEM_S,
     GIL_PROBE_MAX_ITEMS,
     GIL_PROBE_S,
@@ -740,8 +741,12 @@ class SmartExecutor(Executor):
             run.items += len(watched.results)
             run.elapsed_s += watched.profile.wall_s
             run.error, run.exhausted = watched.error, watched.exhausted
-            # Too short a watch (the input ran out) is no evidence to keep.
-            if run.error is None and watched.profile.wall_s >= GIL_PROBE_S / 2:
+            # Too short a watch (the input ran out) is no evidence to keep;
+            # one that stopped early stopped on decisive figures.
+            wall_s = watched.profile.wall_s
+            if run.error is None and (
+                wall_s >= GIL_PROBE_S / 2 or (not watched.exhausted and wall_s >= GIL_DECIDED_S)
+            ):
                 decision = self._measured(fn, decision, watched.profile)
                 with self._lock:
                     _check_open(self)

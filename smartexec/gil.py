@@ -60,6 +60,7 @@ __all__ = [
     "GIL_SHARE_HOLDS",
     "MANY_CORES",
     "GIL_PROBE_S",
+    "GIL_DECIDED_S",
     "GIL_PROBE_MAX_ITEMS",
     "GIL_MIN_ITEM_S",
     "GIL_RECHECK_MAPS",
@@ -97,6 +98,12 @@ MANY_CORES = 1.5
 #: when the GIL is held throughout (each then waits a switch interval).
 GIL_PROBE_S = 0.05
 
+#: Seconds after which a watch may end early, once its figures are decisive
+#: (:meth:`GilSampler.decisive`): a pure-Python loop, a sleep or a big
+#: ``np.sort`` are plain after a few items; a half-Python item is watched for
+#: the whole :data:`GIL_PROBE_S`.
+GIL_DECIDED_S = 0.015
+
 #: Items faster than this (seconds) are not measured: per item, a process
 #: pool's pickling and pipes cost a few microseconds, so such maps mostly run
 #: inline, and GIL-releasing work that small is rare.
@@ -117,6 +124,11 @@ SAMPLE_PERIOD_S = 0.0005
 #: A wake-up later than this is the operating system's timer slack (about
 #: 50-70 us on Linux), not the GIL: only the part beyond it is counted.
 _SLACK_S = 0.0002
+
+#: Seconds the sampling thread may take to start with the GIL free (thread
+#: creation, two reads of ``/proc``: about 0.1-0.3 ms); only the part beyond
+#: it is counted as GIL held.
+_START_SLACK_S = 0.001
 
 
 def classify(cpu_share: float, gil_share: float, threads: int = 1) -> GilKind:
@@ -238,6 +250,12 @@ class GilSampler:
         period, clock, sleep = self._period_s, time.perf_counter, time.sleep
         stopped = self._stop.is_set
         first = _sched()
+        # Starting takes this thread several GIL hand-overs (up to a switch
+        # interval each): a measured thread that holds the GIL delays the
+        # first sample by 10-15 ms, and that delay is held GIL too.
+        started = clock() - self._start_wall - _START_SLACK_S
+        if started > 0.0:
+            self._late_s += started
         while not stopped():
             before = clock()
             sleep(period)
@@ -260,6 +278,32 @@ class GilSampler:
     def elapsed_s(self) -> float:
         """Seconds since :meth:`start`."""
         return time.perf_counter() - self._start_wall
+
+    def decisive(self) -> bool:
+        """Whether the figures so far are far enough from every threshold to stop.
+
+        For watches with one thread running items (the calling thread):
+        True when the CPU share (queueing taken out, as in :meth:`stop`) is
+        at most 0.2 (it waits), or when it is at least 0.5 and the GIL share
+        at least 0.6 over 3 wake-ups or more (it holds), or when it is at
+        least 0.8 and the GIL share at most 0.08 over 10 wake-ups or more
+        (it releases). Costs one read of ``/proc`` on Linux (~10 us).
+        """
+        wall = max(time.perf_counter() - self._start_wall, 1e-9)
+        cpu = time.process_time() - self._start_cpu
+        now = _sched()
+        queued = 0.0
+        if self._start_sched is not None and now is not None:
+            queued = now[1] - self._start_sched[1]
+        busy = max(wall - queued, wall * 0.05)
+        cpu_share = min(1.0, cpu / busy)
+        gil_share = self._late_s / busy
+        samples = self._samples
+        if cpu_share <= 0.2:
+            return True
+        if cpu_share >= 0.5 and gil_share >= 0.6 and samples >= 3:
+            return True
+        return cpu_share >= 0.8 and gil_share <= 0.08 and samples >= 10
 
     def stop(self, others: list[tuple[float, float]] | None = None) -> GilProfile:
         """Stop watching; join the sampling thread and return the figures.
@@ -424,6 +468,7 @@ def watch(
     seconds: float = GIL_PROBE_S,
     max_items: int = 20_000,
     threads: int = WATCH_THREADS,
+    decided_s: float | None = GIL_DECIDED_S,
 ) -> Watched:
     """Run items of a map on ``threads`` threads for ``seconds`` while sampling the GIL.
 
@@ -441,6 +486,9 @@ def watch(
         seconds: how long to keep taking items.
         max_items: most items to take.
         threads: threads running items, the calling thread included (>= 1).
+        decided_s: with one thread, seconds after which the watch ends as
+            soon as its figures are decisive (:meth:`GilSampler.decisive`,
+            checked at most every 2 ms, between items); None: never early.
 
     Returns:
         A :class:`Watched`.
@@ -469,7 +517,10 @@ def watch(
             state.next = index + 1
             return index, item
 
+    early = None if decided_s is None or threads > 1 else deadline - seconds + decided_s
+
     def run_items() -> None:
+        check_at = early
         while True:
             taken = take()
             if taken is None:
@@ -484,6 +535,10 @@ def watch(
                         state.error_at, state.error = index, exc
                 if not isinstance(exc, Exception):
                     raise
+            if check_at is not None and (now := time.perf_counter()) >= check_at:
+                if sampler.decisive():
+                    return
+                check_at = now + 0.002
 
     def helper() -> None:
         start, first = time.perf_counter(), _sched()

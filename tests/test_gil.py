@@ -69,6 +69,35 @@ def test_sampler_sees_zlib_release_the_gil():
     assert profile.kind == "releases", profile
 
 
+def _loop_then_compress(data):
+    end = time.perf_counter() + 0.03
+    while time.perf_counter() < end:  # 30 ms holding the GIL
+        pass
+    import zlib
+
+    return len(zlib.compress(data))  # then ~10 ms without it
+
+
+def test_the_gil_held_while_the_sampler_starts_is_counted():
+    # The sampler thread needs the GIL to start: behind a Python loop it
+    # starts late, and that delay is held GIL too.
+    data = bytes(range(256)) * (1 << 13)
+    watched = gil.watch(_loop_then_compress, iter([data]), False, decided_s=None)
+    assert watched.profile.gil_share >= 0.55, watched.profile  # 30 of 38 ms; it read 33-45%
+    assert watched.profile.kind == "holds", watched.profile
+
+
+def test_a_watch_ends_early_once_its_figures_are_decisive():
+    watched = gil.watch(lambda x: (time.sleep(0.005), x)[1], iter(range(1000)), False, seconds=2)
+    assert watched.profile.kind == "waits"
+    assert watched.results == list(range(len(watched.results)))
+    assert len(watched.results) < 100, watched.profile  # 2 s would be ~400 items
+    undecided = gil.watch(
+        lambda x: (time.sleep(0.005), x)[1], iter(range(30)), False, seconds=0.1, decided_s=None
+    )
+    assert len(undecided.results) > len(watched.results) or undecided.exhausted
+
+
 def test_stop_is_idempotent_and_joins_the_thread():
     sampler = GilSampler()
     sampler.start()
