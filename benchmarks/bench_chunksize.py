@@ -9,7 +9,8 @@ contender, serial loop included. Contenders:
   first 2,000 items, extrapolated, so the run stays short);
 * the best of a hand-tuned chunksize sweep on ``ProcessPoolExecutor``;
 * joblib ``Parallel(batch_size="auto")`` (loky; its reusable workers are warm
-  after the first workload);
+  from its first repeat on, and shut down after its last: threads of another
+  library alive in the process make SmartExecutor use loky, not fork);
 * ``SmartExecutor()`` with no chunksize (a new executor per workload).
 
 Workloads whose loop takes under 0.5 s are timed 5 times per contender and
@@ -94,6 +95,12 @@ def run(name, fn, items, workers, sweep, partial_chunksize_1=None):
         )
         assert got == expected
         rows.append(('joblib batch_size="auto"', t))
+        # joblib keeps its workers, and their manager threads, for 300 s: stop
+        # them, or SmartExecutor runs in a process with joblib's threads and
+        # sends fork-bound work to loky (fork safety) instead of fork.
+        from joblib.externals.loky import get_reusable_executor
+
+        get_reusable_executor().shutdown(wait=True)
     except ImportError:
         rows.append(("joblib (not installed)", float("nan")))
 

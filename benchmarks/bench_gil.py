@@ -101,7 +101,7 @@ def smart(fn, items, route):
     """A new executor; the callable's GIL measurement is kept from earlier runs."""
     with SmartExecutor() as ex:
         out = list(ex.map(fn, items))
-        route.append(ex.explain(fn).backend)
+        route.append(ex.decisions()[-1].backend)  # what ran: may be inline
     return out
 
 
@@ -175,7 +175,7 @@ def main(argv=None):
             processes = min(t for label, t in rows.items() if label.startswith("processes"))
             best = min(rows["threads"], processes, rows["joblib"], rows["smartexec"])
             print(
-                f"\n{name}  ({len(items)} items; smartexec chose {', '.join(sorted(set(route)))})"
+                f"\n{name}  ({len(items)} items; smartexec ran it on {', '.join(sorted(set(route)))})"
             )
             for label, t in rows.items():
                 print(
