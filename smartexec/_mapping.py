@@ -545,12 +545,28 @@ def inline_batches(
         # Taken as a list (up to TINY_BATCH references, read at C speed) so the
         # batch's size is exact for the estimate and stats. The end is where
         # the iteration ends, even for a sized input whose __len__ is wrong.
-        batch = list(itertools.islice(inputs, tiny))
+        # An input that fails keeps what it gave: those items run, as a loop
+        # would run them, and the error comes at its position.
+        batch: list[Any] = []
+        try:
+            batch.extend(itertools.islice(inputs, tiny))
+        except Exception as exc:
+            if run.on_batch is not None and batch:
+                run.on_batch(len(batch), 0.0)
+            yield apply(run.fn, batch)
+            yield _raising(exc)
+            return
         if not batch:
             return
         size = len(batch)
         tiny = min(TINY_BATCH, 4 * tiny)
         yield apply(run.fn, batch)
+
+
+def _raising(exc: BaseException) -> Iterator[Any]:
+    """An iterator that raises ``exc`` when first advanced."""
+    raise exc
+    yield  # a generator: raises when iterated, not when called
 
 
 class _TimedItems:

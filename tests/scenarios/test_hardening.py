@@ -76,6 +76,19 @@ def test_an_input_error_comes_after_every_item_read_before_it(options):
     assert got == [i * i for i in range(50)]
 
 
+@pytest.mark.parametrize("n_good", [0, 7, 2000, 5003])
+def test_an_input_error_inline_comes_after_every_item_read_before_it(n_good):
+    # A measured tiny callable runs inline in C-level batches read ahead as lists.
+    got = []
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(w.square, range(20_000))) == [i * i for i in range(20_000)]
+        with pytest.raises(OSError, match="the input broke"):
+            for value in ex.map(w.square, failing_input(n_good)):
+                got.append(value)
+        assert ex.decisions()[-1].backend == "inline"
+    assert got == [i * i for i in range(n_good)]
+
+
 @pytest.mark.parametrize("backend", ["fork", "thread", None])
 def test_results_of_a_slow_producer_are_not_held_back(backend):
     produced = []
