@@ -162,14 +162,17 @@ class GilProfile:
         kind: ``"waits"``, ``"releases"`` or ``"holds"`` (see :func:`classify`).
         items: items measured (int).
         wall_s: seconds the measurement lasted.
-        cpu_share: the process's CPU time over ``wall_s``, at most 1.
+        cpu_share: the process's CPU time (less that of other Python
+            threads) over ``wall_s``, at most 1.
         gil_share: the fraction of ``wall_s`` the GIL was held (0..1).
         samples: wake-ups of the sampling thread (int).
         threads: threads that ran items while watched (int).
-        cores: cores one item keeps busy: the process's CPU time over the
-            time the threads running items were not queued, per such thread
-            (float; above 1 when an item runs threads of its own, as a
-            multithreaded BLAS does for ``A @ A``).
+        cores: cores one item keeps busy: the process's CPU time (less
+            that of other Python threads) over the time the threads running
+            items were not queued, per such thread (float; above 1 when an
+            item runs threads of its own, as a multithreaded BLAS does for
+            ``A @ A``). At most 1 when threads of the program ran meanwhile:
+            their BLAS pools' time cannot be told from the item's.
     """
 
     kind: GilKind
@@ -200,19 +203,43 @@ class GilProfile:
         return f"{figures} -> {meaning}"
 
 
-def _sched() -> tuple[float, float] | None:
-    """The calling thread's seconds on a CPU and seconds queued for one.
+def _sched(native_id: int | None = None) -> tuple[float, float] | None:
+    """A thread's seconds on a CPU and seconds queued for one (default: the caller's).
 
     Linux reports both in ``/proc/self/task/<tid>/schedstat`` (nanoseconds:
     time on a CPU, time runnable but waiting for one); None where that file
     cannot be read.
     """
+    tid = threading.get_native_id() if native_id is None else native_id
     try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat", "rb") as f:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
             fields = f.read().split()
         return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _others_cpu() -> dict[int, float] | None:
+    """Seconds on a CPU of every other Python thread, by native id.
+
+    The process's CPU time counts every thread; the threads of the program
+    (and smartexec's dispatchers) are not the item's, and their time is taken
+    out. Threads Python does not know (a BLAS pool) stay in: they work for
+    the item. None where a thread's time cannot be read (not Linux).
+    """
+    me = threading.get_native_id()
+    times: dict[int, float] = {}
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        if tid is None or tid == me:
+            continue
+        sched = _sched(tid)
+        if sched is None:
+            if thread.is_alive():
+                return None
+            continue  # it ended meanwhile
+        times[tid] = sched[0]
+    return times
 
 
 class GilSampler:
@@ -243,6 +270,8 @@ class GilSampler:
         self._start_wall = 0.0
         self._start_cpu = 0.0
         self._start_sched: tuple[float, float] | None = None
+        self._start_others: dict[int, float] | None = None
+        self._not_alone = False
         self._result: GilProfile | None = None
         self.items = 0
 
@@ -270,6 +299,13 @@ class GilSampler:
     def start(self) -> None:
         """Start watching (starts the sampling thread)."""
         self._thread = threading.Thread(target=self._sample, name="smartexec-gil", daemon=True)
+        self._start_others = _others_cpu()
+        # Threads of the program may run BLAS too, on pool threads Python does
+        # not know: their CPU time cannot be told from the item's.
+        me = threading.current_thread()
+        self._not_alone = any(
+            t is not me and not t.name.startswith("smartexec-") for t in threading.enumerate()
+        )
         self._start_wall = time.perf_counter()
         self._start_cpu = time.process_time()
         self._start_sched = _sched()
@@ -278,6 +314,15 @@ class GilSampler:
     def elapsed_s(self) -> float:
         """Seconds since :meth:`start`."""
         return time.perf_counter() - self._start_wall
+
+    def _item_cpu(self) -> float:
+        """Process CPU seconds since :meth:`start`, less other Python threads' share."""
+        cpu = time.process_time() - self._start_cpu
+        start = self._start_others
+        if start:
+            now = _others_cpu() or {}
+            cpu -= sum(max(0.0, now[tid] - t0) for tid, t0 in start.items() if tid in now)
+        return max(cpu, 0.0)
 
     def decisive(self) -> bool:
         """Whether the figures so far are far enough from every threshold to stop.
@@ -290,7 +335,7 @@ class GilSampler:
         (it releases). Costs one read of ``/proc`` on Linux (~10 us).
         """
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
-        cpu = time.process_time() - self._start_cpu
+        cpu = self._item_cpu()
         now = _sched()
         queued = 0.0
         if self._start_sched is not None and now is not None:
@@ -319,7 +364,7 @@ class GilSampler:
         """
         if self._result is not None:
             return self._result
-        cpu = time.process_time() - self._start_cpu
+        cpu = self._item_cpu()
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
         end = _sched()
         self._stop.set()
@@ -335,6 +380,8 @@ class GilSampler:
         threads = 1 + len(others or [])
         cores = cpu / max(busy, 1e-9)
         cpu_share = min(1.0, cores)
+        if self._not_alone:
+            cores = min(cores, 1.0)  # other threads' work may be in it: claim one core
         # Time the measured thread sat queued is time it may have held the
         # GIL without working: count the share over the time it was not queued.
         gil_share = min(1.0, late / max(wall - queued, wall * 0.05))

@@ -158,6 +158,40 @@ def test_an_item_that_keeps_every_core_busy_runs_inline_not_on_threads():
         gil.forget(matrix_sum)
 
 
+def sleep_5ms(x):
+    time.sleep(0.005)
+    return x
+
+
+def test_work_of_other_threads_is_not_the_items():
+    # A thread of the program keeps the BLAS pool busy while a sleeping item is
+    # measured: the process's CPU time is theirs, not the item's.
+    import numpy as np
+
+    stop = threading.Event()
+
+    def busy():
+        a = np.ones((600, 600))
+        while not stop.is_set():
+            a @ a
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    time.sleep(0.1)
+    gil.forget(sleep_5ms)
+    try:
+        with SmartExecutor(2) as ex:
+            assert list(ex.map(sleep_5ms, range(60))) == list(range(60))
+            last = ex.decisions()[-1]
+            measured = gil.recall(sleep_5ms)
+    finally:
+        stop.set()
+        thread.join()
+        gil.forget(sleep_5ms)
+    assert measured is not None and measured.cores <= 1.0, measured
+    assert last.backend == "thread", str(last)
+
+
 def test_an_item_on_one_core_still_runs_on_threads():
     import numpy as np
 
