@@ -107,7 +107,9 @@ class ChunkStream:
     error is raised at the position of its first item.
 
     The first window is sent by the constructor, so errors in sending (an
-    argument that cannot be pickled) raise from ``map`` itself.
+    argument that cannot be pickled) raise from ``map`` itself; an error of
+    the input comes after the results of the items read before it, wherever
+    it happens (from ``map`` itself only when no item came before it).
     """
 
     def __init__(
@@ -141,11 +143,13 @@ class ChunkStream:
         self._window: collections.deque[_Slot] = collections.deque()
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
+        self._input_error: BaseException | None = None  # raised after the chunks before it
         try:
             self._refill()
-        except BaseException:
-            self.cancel()
-            raise
+        except BaseException as exc:
+            if exc is not self._input_error or not self._window:
+                self.cancel()
+                raise
 
     # -- sending -----------------------------------------------------------------
 
@@ -172,10 +176,12 @@ class ChunkStream:
         """
         calls = self._calls
         if self._remaining is not None:
+            taken: list[Call] = []
             try:
-                return list(itertools.islice(calls, size)), None
-            except Exception as exc:  # islice lost the partial chunk: rare, sized inputs
-                return [], exc
+                taken.extend(itertools.islice(calls, size))  # keeps what it read before an error
+            except Exception as exc:
+                return taken, exc
+            return taken, None
         chunk: list[Call] = []
         deadline = time.monotonic() + FILL_S
         try:
@@ -190,6 +196,10 @@ class ChunkStream:
 
     def _refill(self) -> None:
         while not self._exhausted and len(self._window) < self._buffersize:
+            if self._remaining is not None and self._remaining <= 0:
+                # More items than its __len__ said: its length is unknown from
+                # here (sized tail rules would send one-item chunks forever).
+                self._remaining = None
             size, budget = self._next_size()
             chunk, error = self._take(size)
             if error is not None:
@@ -205,6 +215,7 @@ class ChunkStream:
                 self._window.append(_Slot(chunk, self._send(chunk, budget), self._max_retries))
                 self.sizes.append(len(chunk))
             if error is not None:
+                self._input_error = error
                 raise error
 
     def _absorb(self, slot: _Slot) -> None:
@@ -279,7 +290,7 @@ class ChunkStream:
         that cannot be pickled) is raised after the results of every chunk
         already sent, which is its position in the input.
         """
-        late_error: BaseException | None = None
+        late_error = self._input_error  # the input failed within the first window
         try:
             while self._window:
                 outcomes = self._wait(self._window[0])

@@ -759,7 +759,8 @@ class SmartExecutor(Executor):
             return run.inputs if star else zip(run.inputs)
 
         def left() -> int | None:
-            return None if remaining is None else remaining - run.items
+            # None once past the end its __len__ gave: the length was wrong.
+            return None if remaining is None or run.items > remaining else remaining - run.items
 
         def verdict() -> Verdict:
             return inline_verdict(

@@ -67,13 +67,56 @@ def failing_input(n_good):
 @pytest.mark.parametrize(
     "options", [{"backend": "fork", "chunksize": 3}, {"backend": "fork"}, {}, {"chunksize": 4}]
 )
-def test_an_input_error_comes_after_every_item_read_before_it(options):
+@pytest.mark.parametrize("n_good", [5, 50])  # 5: within the first window of chunks
+def test_an_input_error_comes_after_every_item_read_before_it(options, n_good):
     got = []
     with SmartExecutor(2, backend=options.get("backend")) as ex:
         with pytest.raises(OSError, match="the input broke"):
-            for value in ex.map(w.square, failing_input(50), chunksize=options.get("chunksize")):
+            for value in ex.map(
+                w.square, failing_input(n_good), chunksize=options.get("chunksize")
+            ):
                 got.append(value)
-    assert got == [i * i for i in range(50)]
+    assert got == [i * i for i in range(n_good)]
+
+
+class SizedBrokenInput:
+    """A sized input whose iteration fails at item 537 of 1000."""
+
+    def __len__(self):
+        return 1000
+
+    def __iter__(self):
+        yield from range(537)
+        raise OSError("the input broke")
+
+
+class ShortLength:
+    """An input that says it has 500 items and yields 20,000."""
+
+    def __len__(self):
+        return 500
+
+    def __iter__(self):
+        return iter(range(20_000))
+
+
+@pytest.mark.parametrize("backend", ["fork", "thread", None])
+def test_a_sized_input_that_fails_gives_every_result_before_it(backend):
+    got = []
+    with SmartExecutor(2, backend=backend) as ex:
+        with pytest.raises(OSError, match="the input broke"):
+            for value in ex.map(w.square, SizedBrokenInput()):
+                got.append(value)
+    assert got == [i * i for i in range(537)]
+
+
+@pytest.mark.parametrize("backend", ["fork", "thread"])
+def test_an_input_longer_than_its_len_is_not_sent_one_item_per_chunk(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        assert list(ex.map(w.square, ShortLength())) == [i * i for i in range(20_000)]
+        sent = ex.stats().backends[backend]
+    assert sent.items == 20_000
+    assert sent.chunks < 1_000, sent  # it sent ~19,500 one-item chunks
 
 
 @pytest.mark.parametrize("n_good", [0, 7, 2000, 5003])
