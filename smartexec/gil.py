@@ -5,11 +5,12 @@ function may loop in Python (threads take turns) or spend its time in numpy,
 hashlib, zlib or a system call (threads run in parallel). So the first items
 of a map are run in the calling thread while :class:`GilSampler` watches:
 
-* **CPU share**: the process's CPU time (``time.process_time``, so the
-  threads of a BLAS library count too) over the wall time, at most 1. An
-  item that sleeps or waits for I/O uses little CPU. Uncapped, the same
-  ratio is the number of cores one item keeps busy (``GilProfile.cores``):
-  ``A @ A`` on a multithreaded BLAS keeps them all busy already.
+* **CPU share**: the CPU time of the thread running the items over the
+  wall time, at most 1. An item that sleeps or waits for I/O uses little
+  CPU. The process's CPU time (``time.process_time``, so the threads of a
+  BLAS library count, less other Python threads) over the same time is the
+  number of cores one item keeps busy (``GilProfile.cores``): ``A @ A`` on a
+  multithreaded BLAS keeps them all busy already.
 * **GIL share**: a helper thread sleeps :data:`SAMPLE_PERIOD_S` at a time.
   Waking up needs the GIL, so each wake-up is late by as long as the
   measured thread keeps the GIL (up to the switch interval, 5 ms by
@@ -59,6 +60,7 @@ __all__ = [
     "CPU_SHARE_WAITS",
     "GIL_SHARE_HOLDS",
     "MANY_CORES",
+    "MANY_CORES_OWN_SHARE",
     "GIL_PROBE_S",
     "GIL_DECIDED_S",
     "GIL_PROBE_MAX_ITEMS",
@@ -92,6 +94,13 @@ WATCH_THREADS = 1
 #: multithreaded BLAS) is said to be parallel already: threads running several
 #: such items at once share the same cores (see :attr:`GilProfile.cores`).
 MANY_CORES = 1.5
+
+#: An item is said to keep several cores busy only when its own thread was
+#: on the CPU at least this share of the time too (the calling thread of a
+#: BLAS routine computes its part): an item that waits beside busy BLAS
+#: threads of someone else (a pool still spinning after the program's last
+#: call) keeps one core at most.
+MANY_CORES_OWN_SHARE = 0.8
 
 #: Seconds the first items of a map are watched before a verdict, when the
 #: route depends on it. At 0.5 ms a sample this gives about 10 samples even
@@ -162,8 +171,8 @@ class GilProfile:
         kind: ``"waits"``, ``"releases"`` or ``"holds"`` (see :func:`classify`).
         items: items measured (int).
         wall_s: seconds the measurement lasted.
-        cpu_share: the process's CPU time (less that of other Python
-            threads) over ``wall_s``, at most 1.
+        cpu_share: the CPU time of the threads that ran the items over the
+            time they were not queued for a CPU, at most 1.
         gil_share: the fraction of ``wall_s`` the GIL was held (0..1).
         samples: wake-ups of the sampling thread (int).
         threads: threads that ran items while watched (int).
@@ -171,8 +180,10 @@ class GilProfile:
             that of other Python threads) over the time the threads running
             items were not queued, per such thread (float; above 1 when an
             item runs threads of its own, as a multithreaded BLAS does for
-            ``A @ A``). At most 1 when threads of the program ran meanwhile:
-            their BLAS pools' time cannot be told from the item's.
+            ``A @ A``). At most 1 when threads of the program ran meanwhile
+            (their BLAS pools' time cannot be told from the item's), or when
+            the item's own threads were on the CPU under
+            :data:`MANY_CORES_OWN_SHARE` of the time.
     """
 
     kind: GilKind
@@ -272,6 +283,7 @@ class GilSampler:
         self._start_sched: tuple[float, float] | None = None
         self._start_others: dict[int, float] | None = None
         self._not_alone = False
+        self._start_own = 0.0
         self._result: GilProfile | None = None
         self.items = 0
 
@@ -308,6 +320,7 @@ class GilSampler:
         )
         self._start_wall = time.perf_counter()
         self._start_cpu = time.process_time()
+        self._start_own = time.thread_time()
         self._start_sched = _sched()
         self._thread.start()
 
@@ -328,20 +341,20 @@ class GilSampler:
         """Whether the figures so far are far enough from every threshold to stop.
 
         For watches with one thread running items (the calling thread):
-        True when the CPU share (queueing taken out, as in :meth:`stop`) is
+        True when its CPU share (queueing taken out, as in :meth:`stop`) is
         at most 0.2 (it waits), or when it is at least 0.5 and the GIL share
         at least 0.6 over 3 wake-ups or more (it holds), or when it is at
         least 0.8 and the GIL share at most 0.08 over 10 wake-ups or more
         (it releases). Costs one read of ``/proc`` on Linux (~10 us).
         """
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
-        cpu = self._item_cpu()
+        own = time.thread_time() - self._start_own
         now = _sched()
         queued = 0.0
         if self._start_sched is not None and now is not None:
             queued = now[1] - self._start_sched[1]
         busy = max(wall - queued, wall * 0.05)
-        cpu_share = min(1.0, cpu / busy)
+        cpu_share = min(1.0, own / busy)
         gil_share = self._late_s / busy
         samples = self._samples
         if cpu_share <= 0.2:
@@ -350,14 +363,15 @@ class GilSampler:
             return True
         return cpu_share >= 0.8 and gil_share <= 0.08 and samples >= 10
 
-    def stop(self, others: list[tuple[float, float]] | None = None) -> GilProfile:
+    def stop(self, others: list[tuple[float, float, float]] | None = None) -> GilProfile:
         """Stop watching; join the sampling thread and return the figures.
 
         Idempotent: a second call joins nothing and returns the figures again.
 
         Args:
             others: for each other thread that ran items meanwhile, its
-                ``(seconds running items, seconds of those queued for a CPU)``.
+                ``(seconds running items, seconds of those queued for a CPU,
+                its own CPU seconds meanwhile)``.
 
         Returns:
             A :class:`GilProfile` for the items run since :meth:`start`.
@@ -365,6 +379,7 @@ class GilSampler:
         if self._result is not None:
             return self._result
         cpu = self._item_cpu()
+        own = time.thread_time() - self._start_own
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
         end = _sched()
         self._stop.set()
@@ -375,13 +390,19 @@ class GilSampler:
         if self._start_sched is not None and end is not None:
             queued = end[1] - self._start_sched[1]
         busy = wall - queued
-        for other_busy, other_queued in others or []:
+        for other_busy, other_queued, other_cpu in others or []:
             busy += other_busy - other_queued
+            own += other_cpu
         threads = 1 + len(others or [])
         cores = cpu / max(busy, 1e-9)
-        cpu_share = min(1.0, cores)
-        if self._not_alone:
-            cores = min(cores, 1.0)  # other threads' work may be in it: claim one core
+        # The threads running items: the process's time may hold other work
+        # (a BLAS pool still spinning after the program's last call).
+        own_share = own / max(busy, 1e-9)
+        cpu_share = min(1.0, own_share)
+        if self._not_alone or own_share < MANY_CORES_OWN_SHARE:
+            # Other threads' work may be in it, or the item's thread mostly
+            # waited (busy pool threads are then not its own): claim one core.
+            cores = min(cores, 1.0)
         # Time the measured thread sat queued is time it may have held the
         # GIL without working: count the share over the time it was not queued.
         gil_share = min(1.0, late / max(wall - queued, wall * 0.05))
@@ -545,7 +566,7 @@ def watch(
     state = _WatchState()
     sampler = GilSampler()
     deadline = time.perf_counter() + seconds
-    reports: list[tuple[float, float]] = []
+    reports: list[tuple[float, float, float]] = []
 
     def take() -> tuple[int, Any] | None:
         with lock:
@@ -588,14 +609,14 @@ def watch(
                 check_at = now + 0.002
 
     def helper() -> None:
-        start, first = time.perf_counter(), _sched()
+        start, first, cpu = time.perf_counter(), _sched(), time.thread_time()
         try:
             run_items()
         except BaseException:  # recorded by run_items; a helper never raises
             pass
         last = _sched()
         queued = 0.0 if first is None or last is None else last[1] - first[1]
-        reports.append((time.perf_counter() - start, queued))
+        reports.append((time.perf_counter() - start, queued, time.thread_time() - cpu))
 
     helpers = [
         threading.Thread(target=helper, name="smartexec-gil-watch", daemon=True)
