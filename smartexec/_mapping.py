@@ -131,6 +131,7 @@ class ChunkStream:
         self._send = send
         self._calls = calls
         self._remaining = remaining
+        self._length = remaining or 0  # the input's length when the map started
         self._workers = n_workers
         self._overhead_s = overhead_s
         self._estimate = estimate
@@ -160,8 +161,10 @@ class ChunkStream:
         if per_item is None:
             if self._remaining is None:
                 return 1, None
+            # Sized once, from the whole input, as multiprocessing.Pool.map does:
+            # recomputed from what is left, the first window's chunks shrank.
             return (
-                default_chunksize(self._remaining, self._workers, in_process=self._in_process),
+                default_chunksize(self._length, self._workers, in_process=self._in_process),
                 None,
             )
         size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)

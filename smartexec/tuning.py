@@ -21,7 +21,8 @@ threads on the 2-core machine this was measured on) stays near 1 %, short
 enough that every worker gets several chunks and results keep flowing. On
 threads that is about 2 ms: the items of a chunk run one after another in one
 thread, so chunking items that wait (reads, sleeps) gives up their overlap. Near the end of a map of known
-length chunks shrink so that workers finish together. Workers also stop a
+length chunks shrink so that workers finish together, down to the items whose
+work pays for one chunk's cost (a tail of tiny items is not cut up). Workers also stop a
 chunk early once it has run :data:`CHUNK_BUDGET_FACTOR` times its target (the
 rest of its items are sent again, sized by the newer estimate), so a fast
 prefix followed by slow items cannot lock in huge slow chunks.
@@ -172,9 +173,13 @@ def chunksize(
     Returns:
         An int in ``[1, MAX_CHUNK_ITEMS]``.
     """
-    size = chunk_target_s(overhead_s) / max(per_item_s, 1e-9)
+    per_item_s = max(per_item_s, 1e-9)
+    size = chunk_target_s(overhead_s) / per_item_s
     if remaining is not None:
-        size = min(size, remaining / (max(1, n_workers) * TAIL_CHUNKS_PER_WORKER))
+        # Shrink the tail so workers finish together, but not below the items
+        # whose work pays for one chunk's cost: tiny items gain nothing there.
+        tail = remaining / (max(1, n_workers) * TAIL_CHUNKS_PER_WORKER)
+        size = min(size, max(tail, overhead_s / per_item_s), max(1, remaining))
     return int(max(1, min(MAX_CHUNK_ITEMS, math.ceil(size))))
 
 

@@ -71,6 +71,20 @@ def test_items_of_a_few_milliseconds_are_not_chunked_on_threads():
     assert chunksize(0.004, 2, ForkBackend.chunk_overhead_s, remaining=1000) == 4
 
 
+def test_a_tail_of_tiny_items_is_not_cut_up():
+    # 20 items of 1 us cost less than one fork chunk (150 us): one chunk
+    assert chunksize(1e-6, 2, ForkBackend.chunk_overhead_s, remaining=20) == 20
+    # 20 items of 1 ms: shrink so that both workers finish together
+    assert chunksize(0.001, 2, ForkBackend.chunk_overhead_s, remaining=20) == 5
+
+
+def test_the_first_chunks_are_sized_from_the_whole_input(chunk_sizes):
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(noop, range(32))) == list(range(32))
+    assert chunk_sizes[:6] == [4] * 6, chunk_sizes  # 32 / (2 workers x 4), as Pool.map
+    assert len(chunk_sizes) <= 8, chunk_sizes
+
+
 def sleep_2ms(x):
     time.sleep(0.002)
     return x
