@@ -56,7 +56,7 @@ from .gil import (
     watch,
 )
 from .inspection import callable_name, inspect_callable, payload_size
-from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
+from .policy import _STOP_A_THREAD, BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
 from .progress import ProgressFactory, progress_factory, track
 from .registry import create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
@@ -461,7 +461,19 @@ class SmartExecutor(Executor):
         Raises:
             ValueError: the user forced a backend that cannot time out a task.
         """
-        if task_timeout is None or _takes_timeouts(get_backend_class(decision.backend)):
+        if task_timeout is None:
+            return decision
+        options = self._options
+        if (
+            decision.backend == "thread"
+            and options.backend is None
+            and options.prefer != "threads"
+            and self._platform.has_fork
+        ):
+            return dataclasses.replace(
+                decision, backend="fork", share=False, reasons=(*decision.reasons, _STOP_A_THREAD)
+            )
+        if _takes_timeouts(get_backend_class(decision.backend)):
             return decision
         if self._options.backend is not None:
             raise ValueError(

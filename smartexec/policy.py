@@ -220,7 +220,24 @@ def decide(
                     "cloudpickle too) can be stopped one at a time; loky's cannot",
                 ),
             )
+    if (
+        options.stoppable
+        and options.backend is None
+        and options.prefer != "threads"
+        and decision.backend == "thread"
+        and platform.has_fork
+    ):
+        return replace(
+            decision, backend="fork", share=False, reasons=(*decision.reasons, _STOP_A_THREAD)
+        )
     return decision
+
+
+#: Why a task_timeout moves work from threads to fork workers.
+_STOP_A_THREAD = (
+    "task_timeout is set: a thread cannot be stopped (a stuck call would run on, and "
+    "shutdown would wait for it); a fork worker can be killed and replaced"
+)
 
 
 def _decide(

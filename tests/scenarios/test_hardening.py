@@ -169,3 +169,24 @@ def test_a_crashed_chunk_does_not_spend_the_retries_of_its_other_items(tmp_path)
     with SmartExecutor(2, max_retries=1) as ex:
         out = list(ex.map(w.crash_once_each, range(60), [str(tmp_path)] * 60, chunksize=50))
     assert out == list(range(60))
+
+
+def test_a_task_timeout_moves_a_function_measured_as_waiting_to_fork():
+    # Threads cannot be stopped: the stuck call ran on and leaving the `with`
+    # block waited for it for ever. A fork worker is killed instead.
+    from smartexec import gil
+    from smartexec.errors import TaskTimeoutError
+
+    gil.remember(w.sleep_then_return, gil.GilProfile("waits", 5, 0.05, 0.01, 0.0, 90))
+    try:
+        start = time.monotonic()
+        with SmartExecutor(2, task_timeout=1) as ex:
+            assert ex.explain(w.sleep_then_return).backend == "fork"
+            results = ex.map(w.sleep_then_return, [0.01, 600])
+            assert next(results)[0] == 0.01
+            with pytest.raises(TaskTimeoutError):
+                next(results)
+            assert ex.decisions()[-1].backend == "fork"
+        assert time.monotonic() - start < 60  # not the 600 s the stuck call wanted
+    finally:
+        gil.forget(w.sleep_then_return)
