@@ -32,7 +32,15 @@ from typing import Any
 from ._remote import Call, ChunkResult
 from .errors import TaskTimeoutError, WorkerCrashedError
 from .transport import estimate_send_s
-from .tuning import PROBE_S, Estimate, Verdict, chunk_budget_s, chunksize, default_chunksize
+from .tuning import (
+    MAX_CHUNK_ITEMS,
+    PROBE_S,
+    Estimate,
+    Verdict,
+    chunk_budget_s,
+    chunksize,
+    default_chunksize,
+)
 
 __all__ = [
     "ChunkStream",
@@ -163,10 +171,8 @@ class ChunkStream:
                 return 1, None
             # Sized once, from the whole input, as multiprocessing.Pool.map does:
             # recomputed from what is left, the first window's chunks shrank.
-            return (
-                default_chunksize(self._length, self._workers, in_process=self._in_process),
-                None,
-            )
+            size = default_chunksize(self._length, self._workers, in_process=self._in_process)
+            return min(size, MAX_CHUNK_ITEMS), None
         size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)
         return size, chunk_budget_s(per_item, size)
 

@@ -85,6 +85,15 @@ def test_the_first_chunks_are_sized_from_the_whole_input(chunk_sizes):
     assert len(chunk_sizes) <= 8, chunk_sizes
 
 
+def test_the_first_window_of_a_huge_input_is_bounded(chunk_sizes):
+    # 10 M items / (2 workers x 4) would be 1.25 M items a chunk, 7.5 M read at once
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(noop, range(10**7))
+        assert [next(results) for _ in range(3)] == [0, 1, 2]
+        del results
+    assert chunk_sizes and max(chunk_sizes) <= MAX_CHUNK_ITEMS, chunk_sizes[:8]
+
+
 def sleep_2ms(x):
     time.sleep(0.002)
     return x
