@@ -231,18 +231,19 @@ def _sched(native_id: int | None = None) -> tuple[float, float] | None:
 
 
 def _others_cpu() -> dict[int, float] | None:
-    """Seconds on a CPU of every other Python thread, by native id.
+    """Seconds on a CPU of smartexec's other threads (dispatchers, workers), by native id.
 
-    The process's CPU time counts every thread; the threads of the program
-    (and smartexec's dispatchers) are not the item's, and their time is taken
-    out. Threads Python does not know (a BLAS pool) stay in: they work for
-    the item. None where a thread's time cannot be read (not Linux).
+    The process's CPU time counts every thread; smartexec's own are not the
+    item's, and their time is taken out (with threads of the program
+    running, ``GilProfile.cores`` claims one core at most anyway). Threads
+    Python does not know (a BLAS pool) stay in: they work for the item. None
+    where a thread's time cannot be read (not Linux).
     """
     me = threading.get_native_id()
     times: dict[int, float] = {}
     for thread in threading.enumerate():
         tid = thread.native_id
-        if tid is None or tid == me:
+        if tid is None or tid == me or not thread.name.startswith("smartexec-"):
             continue
         sched = _sched(tid)
         if sched is None:
@@ -328,9 +329,12 @@ class GilSampler:
         """Seconds since :meth:`start`."""
         return time.perf_counter() - self._start_wall
 
-    def _item_cpu(self) -> float:
-        """Process CPU seconds since :meth:`start`, less other Python threads' share."""
-        cpu = time.process_time() - self._start_cpu
+    def _item_cpu(self, cpu: float) -> float:
+        """``cpu`` (process CPU seconds since :meth:`start`) less smartexec's other threads'.
+
+        Read after the caller's clocks: reading ``/proc`` costs CPU that is
+        not the item's.
+        """
         start = self._start_others
         if start:
             now = _others_cpu() or {}
@@ -353,7 +357,9 @@ class GilSampler:
         queued = 0.0
         if self._start_sched is not None and now is not None:
             queued = now[1] - self._start_sched[1]
-        busy = max(wall - queued, wall * 0.05)
+        # A thread cannot compute longer than it was not queued: the two
+        # clocks are read apart, and under load their difference is noisy.
+        busy = max(wall - queued, own, wall * 0.05)
         cpu_share = min(1.0, own / busy)
         gil_share = self._late_s / busy
         samples = self._samples
@@ -378,10 +384,11 @@ class GilSampler:
         """
         if self._result is not None:
             return self._result
-        cpu = self._item_cpu()
-        own = time.thread_time() - self._start_own
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
+        own = time.thread_time() - self._start_own
+        process = time.process_time() - self._start_cpu
         end = _sched()
+        cpu = self._item_cpu(process)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -389,10 +396,11 @@ class GilSampler:
         queued = 0.0
         if self._start_sched is not None and end is not None:
             queued = end[1] - self._start_sched[1]
-        busy = wall - queued
+        busy = max(wall - queued, wall * 0.05)
         for other_busy, other_queued, other_cpu in others or []:
             busy += other_busy - other_queued
             own += other_cpu
+        busy = max(busy, own)  # see decisive()
         threads = 1 + len(others or [])
         cores = cpu / max(busy, 1e-9)
         # The threads running items: the process's time may hold other work

@@ -209,6 +209,18 @@ def test_a_blas_pool_still_spinning_is_not_the_items():
     assert measured.cores <= 1.0 and last.backend == "thread", str(last)
 
 
+def test_a_noisy_queue_reading_cannot_make_one_thread_several_cores(monkeypatch):
+    # Under load, "time queued" is read apart from the wall clock: were it to
+    # reach the wall time, one busy thread would read as many cores.
+    import hashlib
+
+    monkeypatch.setattr(gil, "_sched", lambda native_id=None: (0.0, time.perf_counter()))
+    data = b"x" * (1 << 20)
+    watched = gil.watch(lambda _: hashlib.sha256(data).digest(), iter(range(10**6)), False)
+    assert watched.profile.cores < 1.5, watched.profile
+    assert watched.profile.cpu_share <= 1.0
+
+
 def test_an_item_on_one_core_still_runs_on_threads():
     import numpy as np
 
