@@ -102,7 +102,12 @@ class BackendStats:
 
     def __str__(self) -> str:
         busy = self.busy
-        sizes = ", ".join(f"{size} x{count}" for size, count in sorted(self.chunksizes.items()))
+        # The most used sizes, at most SIZES_SHOWN of them: an inline map's
+        # timed batches come in hundreds of sizes.
+        common = sorted(sorted(self.chunksizes.items(), key=lambda sc: -sc[1])[:SIZES_SHOWN])
+        sizes = ", ".join(f"{size} x{count}" for size, count in common)
+        if len(self.chunksizes) > SIZES_SHOWN:
+            sizes += f" and {len(self.chunksizes) - SIZES_SHOWN} other sizes"
         return (
             f"{self.backend}: {self.items} items in {self.chunks} chunks "
             f"({self.failed_chunks} failed) on {self.workers} worker"
@@ -169,12 +174,20 @@ class _Backend:
         self.sizes: collections.Counter[int] = collections.Counter()
 
 
+#: Chunksizes listed by ``str(BackendStats)``, the most used first chosen.
+SIZES_SHOWN = 8
+
+
 class StatsRecorder:
     """Collects what :class:`ExecutorStats` reports. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._backends: dict[str, _Backend] = {}
+        # Chunks sent and not yet counted. A future wakes its waiters before it
+        # runs its callbacks, so a caller holding every result may ask for
+        # stats() first: snapshot() counts the finished ones itself.
+        self._pending: dict[Future[Any], tuple[_Backend, int]] = {}
 
     def _get(self, name: str, workers: int) -> _Backend:
         entry = self._backends.get(name)
@@ -194,27 +207,32 @@ class StatsRecorder:
             if entry.in_flight == 0:
                 entry.since = now - dispatch_s
             entry.in_flight += 1
+            self._pending[future] = (entry, n_items)
+        future.add_done_callback(self._count)
 
-        def done(f: Future[Any]) -> None:
-            end = time.perf_counter()
-            result = None
-            if not f.cancelled() and f.exception() is None:
-                result = f.result()
-            with self._lock:
-                entry.in_flight -= 1
-                if entry.in_flight == 0:
-                    entry.active += end - entry.since
-                if f.cancelled():
-                    return
-                entry.chunks += 1
-                if result is None:
-                    entry.failed += 1
-                    entry.items += n_items
-                    return
-                entry.items += len(result.outcomes)
-                entry.working += result.compute_s
-
-        future.add_done_callback(done)
+    def _count(self, f: Future[Any]) -> None:
+        """Count a finished chunk once (its callback, or a snapshot, whichever is first)."""
+        end = time.perf_counter()
+        result = None
+        if not f.cancelled() and f.exception() is None:
+            result = f.result()
+        with self._lock:
+            pending = self._pending.pop(f, None)
+            if pending is None:
+                return  # counted already
+            entry, n_items = pending
+            entry.in_flight -= 1
+            if entry.in_flight == 0:
+                entry.active += end - entry.since
+            if f.cancelled():
+                return
+            entry.chunks += 1
+            if result is None:
+                entry.failed += 1
+                entry.items += n_items
+                return
+            entry.items += len(result.outcomes)
+            entry.working += result.compute_s
 
     def inline(self, n_items: int, seconds: float) -> None:
         """Count ``n_items`` run in the calling thread in ``seconds``."""
@@ -230,6 +248,10 @@ class StatsRecorder:
 
     def snapshot(self, decisions: tuple[Any, ...] = ()) -> ExecutorStats:
         """Return the figures so far (chunks in flight count as active until now)."""
+        with self._lock:
+            finished = [f for f in self._pending if f.done()]
+        for f in finished:
+            self._count(f)
         now = time.perf_counter()
         with self._lock:
             backends = {

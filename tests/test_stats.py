@@ -135,3 +135,40 @@ def test_a_snapshot_does_not_change_afterwards():
         list(ex.map(noop, range(10)))
         assert before.backends["thread"].items == 10
         assert ex.stats().backends["thread"].items == 20
+
+
+def test_a_chunk_counts_even_before_its_future_runs_its_callbacks():
+    # A future wakes the caller waiting on it before it runs its callbacks: a
+    # caller holding every result could read stats() one chunk short.
+    from concurrent.futures import Future
+
+    from smartexec._remote import ChunkResult
+    from smartexec.stats import StatsRecorder
+
+    recorder = StatsRecorder()
+    future: Future = Future()
+    recorder.track("fork", 2, 3, future, 0.001)
+    future._done_callbacks.clear()  # as if the callbacks had not run yet
+    future.set_result(ChunkResult([(True, 1), (True, 2), (True, 3)], 0.5))
+    first = recorder.snapshot().backends["fork"]
+    assert (first.items, first.chunks, first.working_s) == (3, 1, 0.5)
+    recorder._count(future)  # the late callback: counted once only
+    again = recorder.snapshot().backends["fork"]
+    assert (again.items, again.chunks) == (3, 1)
+
+
+def test_many_chunksizes_are_summed_up():
+    stats = BackendStats(
+        backend="inline",
+        workers=1,
+        items=400,
+        chunks=300,
+        failed_chunks=0,
+        working_s=1.0,
+        dispatching_s=0.0,
+        active_s=1.0,
+        chunksizes={size: 50 if size < 4 else 1 for size in range(1, 300)},
+    )
+    text = str(stats)
+    assert "1 x50, 2 x50, 3 x50" in text and "and 291 other sizes" in text
+    assert text.count(" x") == 8
