@@ -375,6 +375,11 @@ def inspect_callable(
         ),
     ):
         return CallableProfile("builtin", name, True, payload_size(fn, cap_bytes=cap_bytes))
+    # A callable object that is itself a module global, found by its own
+    # name (numpy's array-function dispatchers: np.sort, np.mean): pickle
+    # sends its name, as for a function, and nothing of its state.
+    if pickles_by_reference(fn):
+        return CallableProfile("function", name, True, none, gil_hint=_gil_hint(fn))
     # Any other object with __call__.
     return CallableProfile(
         "callable_instance",

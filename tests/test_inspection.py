@@ -199,3 +199,14 @@ def test_locate_descends_into_attributes():
 
 def test_locate_returns_none_for_picklable_objects():
     assert locate_unpicklable([1, "a", np.zeros(3)], "x") is None
+
+
+def test_a_callable_object_that_is_a_module_global_pickles_by_reference():
+    # np.sort is an _ArrayFunctionDispatcher instance, importable as numpy.sort
+    import pickle
+
+    import numpy as np
+
+    profile = inspect_callable(np.sort)
+    assert profile.by_reference and profile.kind == "function", profile
+    assert pickle.loads(pickle.dumps(np.sort)) is np.sort
