@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ._system import Platform
-from .gil import GilProfile
+from .gil import MANY_CORES, GilProfile
 from .inspection import CallableProfile, format_bytes
 
 __all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
@@ -339,12 +339,18 @@ def _decide(
     # a measurement (unless the user said prefer="processes") can say otherwise.
     measurable = options.prefer is None
     if measured is not None and measurable and measured.kind != "holds":
-        return Decision(
-            "thread",
-            (what, str(measured), "threads run it in parallel with no pickling"),
-            profile=profile,
-            gil=measured,
-        )
+        at_once = max(1, round(platform.cpu_count / max(1.0, measured.cores)))
+        if measured.cores < MANY_CORES:
+            how = "threads run it in parallel with no pickling"
+        elif at_once <= 1:
+            how = (
+                f"one item already keeps the {platform.cpu_count} cores busy: a map runs "
+                f"it in the calling thread, one item after another (more at once would "
+                f"oversubscribe the cores)"
+            )
+        else:
+            how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
+        return Decision("thread", (what, str(measured), how), profile=profile, gil=measured)
     if options.prefer == "processes":
         gil_reason = "prefer='processes' was given"
     elif measured is not None:
