@@ -81,7 +81,17 @@ class BackendStats:
             f"({self.working_s:.3f} s of work in {self.active_s:.3f} s x {self.workers} workers)"
         )
         per_send = self.dispatching_s / self.chunks
-        if per_send > 0.001 and self.dispatching_s > 0.5 * self.working_s:
+        if self.failed_chunks * 2 >= self.chunks:
+            why = (
+                f"{self.failed_chunks} of {self.chunks} chunks failed (an error, a crashed "
+                f"worker or a task_timeout): their time is not counted as work"
+            )
+        elif self.chunks < 2 * self.workers:
+            why = (
+                f"too few chunks ({self.chunks}) to keep {self.workers} workers busy; "
+                f"starting the workers counts in the time too"
+            )
+        elif per_send > 0.001 and self.dispatching_s > 0.5 * self.working_s:
             why = (
                 f"the caller spent {self.dispatching_s:.3f} s sending chunks: the payload "
                 f"(arguments, or the callable's state) is too big for the work it carries"
@@ -91,8 +101,6 @@ class BackendStats:
                 f"chunks are too small: {per_chunk * 1e3:.2f} ms of work each; a larger "
                 f"chunksize (or none: smartexec tunes it) amortises the per-chunk cost"
             )
-        elif self.chunks < 2 * self.workers:
-            why = f"too few chunks ({self.chunks}) to keep {self.workers} workers busy"
         else:
             why = (
                 "workers waited for chunks: worker start-up, or an input produced (or "

@@ -61,7 +61,7 @@ def spin_5us(x):
     ],
 )
 def test_an_inline_tail_counts_every_item(fn, make_input):
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(1) as ex:  # one worker: a loop is always as fast
         list(ex.map(fn, range(10)))  # an estimate from an older map: the tail re-checks it
         before = ex.stats().backends["inline"].items
         out = list(ex.map(fn, make_input()))
@@ -122,6 +122,8 @@ def test_busy_workers_get_no_warning():
         (BackendStats("fork", 2, 1000, 1000, 0, 0.5, 0.01, 1.0), "too small"),
         (BackendStats("fork", 4, 3, 3, 0, 0.9, 0.01, 1.0), "too few chunks"),
         (BackendStats("fork", 2, 100, 50, 0, 1.0, 0.01, 1.0), "waited for chunks"),
+        (BackendStats("fork", 2, 4, 4, 3, 0.0, 0.01, 24.0), "3 of 4 chunks failed"),
+        (BackendStats("loky", 2, 1, 1, 0, 0.0, 0.2, 0.2), "too few chunks"),  # a lone submit
     ],
 )
 def test_each_cause_is_named(stats, why):
