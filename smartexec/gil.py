@@ -195,6 +195,14 @@ class GilProfile:
     threads: int = 1
     cores: float = 1.0
 
+    def at_once(self, cpus: int) -> int:
+        """How many such items fit on ``cpus`` cores at once (int >= 1).
+
+        ``cpus / cores``, rounded: ``cpus`` for an item of one core or less,
+        1 for an item that keeps every core busy by itself.
+        """
+        return max(1, round(cpus / max(1.0, self.cores)))
+
     def __str__(self) -> str:
         on = f" on {self.threads} threads" if self.threads > 1 else ""
         figures = (
