@@ -56,7 +56,7 @@ from .gil import (
     watch,
 )
 from .inspection import callable_name, inspect_callable, payload_size
-from .policy import _STOP_A_THREAD, BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide
+from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide, stoppable
 from .progress import ProgressFactory, progress_factory, track
 from .registry import create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
@@ -463,16 +463,7 @@ class SmartExecutor(Executor):
         """
         if task_timeout is None:
             return decision
-        options = self._options
-        if (
-            decision.backend == "thread"
-            and options.backend is None
-            and options.prefer != "threads"
-            and self._platform.has_fork
-        ):
-            return dataclasses.replace(
-                decision, backend="fork", share=False, reasons=(*decision.reasons, _STOP_A_THREAD)
-            )
+        decision = stoppable(decision, self._platform, self._options)
         if _takes_timeouts(get_backend_class(decision.backend)):
             return decision
         if self._options.backend is not None:
@@ -847,8 +838,8 @@ class SmartExecutor(Executor):
         """
         gil = decision.gil
         if backend.shares_memory and (gil is None or gil.kind != "waits"):
-            per_item = max(1.0, gil.cores) if gil is not None else 1.0
-            return max(1, min(backend.max_workers, round(self._platform.cpu_count / per_item)))
+            cpus = self._platform.cpu_count
+            return max(1, min(backend.max_workers, gil.at_once(cpus) if gil else cpus))
         return backend.max_workers
 
     def _worth_watching(

@@ -44,7 +44,7 @@ from ._system import Platform
 from .gil import MANY_CORES, GilProfile
 from .inspection import CallableProfile, format_bytes
 
-__all__ = ["Options", "Decision", "decide", "BIG_STATE_BYTES", "PREFER_VALUES"]
+__all__ = ["Options", "Decision", "decide", "stoppable", "BIG_STATE_BYTES", "PREFER_VALUES"]
 
 #: State bigger than this is shared with fork workers by copy-on-write rather
 #: than pickled with every chunk. At 1 MiB, pickling and piping the state costs
@@ -154,7 +154,8 @@ def decide(
       instant (a deadlock risk in the workers; Python 3.12+ warns), and loky
       starts workers without forking this process;
     * with ``options.stoppable`` (a ``task_timeout``), work bound for loky
-      goes to fork, whose workers can be stopped one at a time.
+      or threads goes to fork, whose workers can be stopped one at a time
+      (:func:`stoppable`).
 
     Args:
         profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
@@ -209,35 +210,45 @@ def decide(
                 "already use the cores, so this nested work runs inline",
             ),
         )
-    if options.stoppable and options.backend is None and decision.backend == "loky":
-        if platform.has_fork:
-            return replace(
-                decision,
-                backend="fork",
-                reasons=(
-                    *decision.reasons,
-                    "task_timeout is set: fork workers (which send code by value with "
-                    "cloudpickle too) can be stopped one at a time; loky's cannot",
-                ),
-            )
-    if (
-        options.stoppable
-        and options.backend is None
-        and options.prefer != "threads"
-        and decision.backend == "thread"
-        and platform.has_fork
-    ):
-        return replace(
-            decision, backend="fork", share=False, reasons=(*decision.reasons, _STOP_A_THREAD)
-        )
+    if options.stoppable:
+        return stoppable(decision, platform, options)
     return decision
 
 
-#: Why a task_timeout moves work from threads to fork workers.
-_STOP_A_THREAD = (
-    "task_timeout is set: a thread cannot be stopped (a stuck call would run on, and "
-    "shutdown would wait for it); a fork worker can be killed and replaced"
-)
+def stoppable(decision: Decision, platform: Platform, options: Options) -> Decision:
+    """``decision`` moved to fork workers, which a ``task_timeout`` can stop one at a time.
+
+    Pure. Work bound for loky (whose workers cannot be stopped one by one)
+    or for threads (a thread cannot be stopped at all: a stuck call would
+    run on, and shutdown would wait for it) goes to fork, which also sends
+    code by value with cloudpickle. Unchanged when ``options.backend`` was
+    given, when threads were asked for (``prefer="threads"``), or where
+    fork is missing.
+
+    Args:
+        decision: the decision without a ``task_timeout``.
+        platform: what the host allows.
+        options: what the user asked for.
+
+    Returns:
+        A :class:`Decision`: ``decision`` itself, or a copy on ``"fork"`` with
+        one more reason.
+    """
+    if options.backend is not None or not platform.has_fork:
+        return decision
+    if decision.backend == "loky":
+        why = (
+            "task_timeout is set: fork workers (which send code by value with "
+            "cloudpickle too) can be stopped one at a time; loky's cannot"
+        )
+        return replace(decision, backend="fork", reasons=(*decision.reasons, why))
+    if decision.backend == "thread" and options.prefer != "threads":
+        why = (
+            "task_timeout is set: a thread cannot be stopped (a stuck call would run on, "
+            "and shutdown would wait for it); a fork worker can be killed and replaced"
+        )
+        return replace(decision, backend="fork", share=False, reasons=(*decision.reasons, why))
+    return decision
 
 
 def _decide(
@@ -339,7 +350,7 @@ def _decide(
     # a measurement (unless the user said prefer="processes") can say otherwise.
     measurable = options.prefer is None
     if measured is not None and measurable and measured.kind != "holds":
-        at_once = max(1, round(platform.cpu_count / max(1.0, measured.cores)))
+        at_once = measured.at_once(platform.cpu_count)
         if measured.cores < MANY_CORES:
             how = "threads run it in parallel with no pickling"
         elif at_once <= 1:
