@@ -27,7 +27,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from ._remote import Call, ChunkResult
 from .errors import TaskTimeoutError, WorkerCrashedError
@@ -42,9 +42,12 @@ from .tuning import (
     default_chunksize,
 )
 
+T = TypeVar("T")
+
 __all__ = [
     "ChunkStream",
     "InlineRun",
+    "read_up_to",
     "default_buffersize",
     "common_length",
     "count_at_end",
@@ -185,12 +188,7 @@ class ChunkStream:
         """
         calls = self._calls
         if self._remaining is not None:
-            taken: list[Call] = []
-            try:
-                taken.extend(itertools.islice(calls, size))  # keeps what it read before an error
-            except Exception as exc:
-                return taken, exc
-            return taken, None
+            return read_up_to(calls, size)
         chunk: list[Call] = []
         deadline = time.monotonic() + FILL_S
         try:
@@ -426,6 +424,22 @@ class InlineRun:
         return results
 
 
+def read_up_to(items: Iterator[T], n: int) -> tuple[list[T], Exception | None]:
+    """Read up to ``n`` items at C speed; an input error comes back with what came before it.
+
+    Returns:
+        ``(items read, None)``, fewer than ``n`` at the end of the input; or
+        ``(items read before the error, the error)`` when reading raised an
+        ``Exception`` (anything else propagates).
+    """
+    taken: list[T] = []
+    try:
+        taken.extend(itertools.islice(items, n))  # extend keeps what it appended
+    except Exception as exc:
+        return taken, exc
+    return taken, None
+
+
 def common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:
     """The number of items ``zip(*iterables)`` yields, when all have a length."""
     lengths = []
@@ -577,26 +591,18 @@ def inline_batches(
         # the iteration ends, even for a sized input whose __len__ is wrong.
         # An input that fails keeps what it gave: those items run, as a loop
         # would run them, and the error comes at its position.
-        batch: list[Any] = []
-        try:
-            batch.extend(itertools.islice(inputs, tiny))
-        except Exception as exc:
+        batch, error = read_up_to(inputs, tiny)
+        if error is not None:
             if run.on_batch is not None and batch:
                 run.on_batch(len(batch), 0.0)
             yield apply(run.fn, batch)
-            yield _raising(exc)
+            yield then_raise([], error)
             return
         if not batch:
             return
         size = len(batch)
         tiny = min(TINY_BATCH, 4 * tiny)
         yield apply(run.fn, batch)
-
-
-def _raising(exc: BaseException) -> Iterator[Any]:
-    """An iterator that raises ``exc`` when first advanced."""
-    raise exc
-    yield  # a generator: raises when iterated, not when called
 
 
 class _TimedItems:
