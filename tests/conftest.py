@@ -1,4 +1,4 @@
-"""Suite-wide guards: no test may leave worker processes or shared memory behind."""
+"""Suite-wide guards (no test may leave worker processes or shared memory behind) and shared fixtures."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import re
 import time
 
 import pytest
+
+from smartexec import transport
 
 from ._children import child_processes, kill_all
 
@@ -64,3 +66,18 @@ def no_leaks(request):
         pytest.fail(f"test left child processes running: {extra}")
     if new_shm:
         pytest.fail(f"test left shared-memory segments: {sorted(new_shm)}")
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Sizes (bytes) of every request the backends pickle."""
+    sizes: list[int] = []
+    real = transport.dumps_request
+
+    def spy(*args, **kwargs):
+        data, lease = real(*args, **kwargs)
+        sizes.append(len(data))
+        return data, lease
+
+    monkeypatch.setattr(transport, "dumps_request", spy)
+    return sizes

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from smartexec import SmartExecutor, _shm, transport
+from smartexec import SmartExecutor, _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,21 +40,6 @@ def is_writable(a):
 
 def ours() -> set[str]:
     return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    """Sizes (bytes) of every request the backends pickle."""
-    sizes: list[int] = []
-    real = transport.dumps_request
-
-    def spy(*args, **kwargs):
-        data, lease = real(*args, **kwargs)
-        sizes.append(len(data))
-        return data, lease
-
-    monkeypatch.setattr(transport, "dumps_request", spy)
-    return sizes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
