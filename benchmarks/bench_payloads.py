@@ -50,6 +50,19 @@ from smartexec import SmartExecutor, _shm, transport
 
 MiB = 1 << 20
 
+
+def smart(
+    workers: int, fn: Callable[[Any], float], items: list[Any], **options: Any
+) -> Callable[[], list[float]]:
+    """A contender: a new SmartExecutor(workers, **options) maps ``fn`` over ``items``."""
+
+    def run() -> list[float]:
+        with SmartExecutor(workers, **options) as ex:
+            return list(ex.map(fn, items))
+
+    return run
+
+
 # -- memory ---------------------------------------------------------------------
 
 
@@ -256,13 +269,6 @@ def scenario_a(rounds: int, workers: int) -> Medians:
         f"pure-Python work each (serial {t:.2f} s), {workers} workers"
     )
 
-    def smart(**options: Any) -> Callable[[], list[float]]:
-        def run() -> list[float]:
-            with SmartExecutor(workers, **options) as ex:
-                return list(ex.map(model.work, items))
-
-        return run
-
     with SmartExecutor(workers) as ex:
         print(f"   SmartExecutor() decision: {ex.explain(model.work).backend}")
     with SmartExecutor(workers, backend="loky") as ex:
@@ -270,11 +276,13 @@ def scenario_a(rounds: int, workers: int) -> Medians:
         print(f'   SmartExecutor(backend="loky"): share={decision.share}: {decision.reasons[-1]}')
     contenders = {
         "hand fork pool + module-level wrapper": lambda: hand_fork_pool(model, items, workers),
-        "SmartExecutor() [fork + trampoline]": smart(),
+        "SmartExecutor() [fork + trampoline]": smart(workers, model.work, items),
         "joblib (loky, memmap)": lambda: joblib.Parallel(n_jobs=workers)(
             joblib.delayed(model.work)(i) for i in items
         ),
-        "SmartExecutor(backend='loky') [spawned]": smart(backend="loky"),
+        "SmartExecutor(backend='loky') [spawned]": smart(
+            workers, model.work, items, backend="loky"
+        ),
     }
     return run_table(
         "a big bound object",
@@ -313,13 +321,6 @@ def scenario_b(rounds: int, workers: int) -> Medians:
         f"transport.SHM_WRITE_S_PER_BYTE assumes {1 / transport.SHM_WRITE_S_PER_BYTE / 1e9:.1f})"
     )
 
-    def smart(**options: Any) -> Callable[[], list[float]]:
-        def run() -> list[float]:
-            with SmartExecutor(workers, **options) as ex:
-                return list(ex.map(reduce_one, arrays))
-
-        return run
-
     def threads() -> list[float]:
         with ThreadPoolExecutor(workers) as ex:
             return list(ex.map(reduce_one, arrays))
@@ -336,10 +337,10 @@ def scenario_b(rounds: int, workers: int) -> Medians:
         "ThreadPoolExecutor": threads,
         "ProcessPoolExecutor": processes,
         "joblib (loky, memmap)": with_joblib,
-        "SmartExecutor()": smart(),
-        "SmartExecutor(prefer='processes')": smart(prefer="processes"),
-        "SmartExecutor(backend='fork') [shm]": smart(backend="fork"),
-        "SmartExecutor(backend='loky') [shm]": smart(backend="loky"),
+        "SmartExecutor()": smart(workers, reduce_one, arrays),
+        "SmartExecutor(prefer='processes')": smart(workers, reduce_one, arrays, prefer="processes"),
+        "SmartExecutor(backend='fork') [shm]": smart(workers, reduce_one, arrays, backend="fork"),
+        "SmartExecutor(backend='loky') [shm]": smart(workers, reduce_one, arrays, backend="loky"),
     }
     medians = run_table(
         "big distinct arguments",
