@@ -178,16 +178,17 @@ def test_work_of_other_threads_is_not_the_items():
     time.sleep(0.1)
     gil.forget(sleep_5ms)
     try:
+        watched = gil.watch(sleep_5ms, iter(range(60)), False)
         with SmartExecutor(2) as ex:
             assert list(ex.map(sleep_5ms, range(60))) == list(range(60))
             last = ex.decisions()[-1]
-            measured = gil.recall(sleep_5ms)
     finally:
         stop.set()
         thread.join()
         gil.forget(sleep_5ms)
-    assert measured is not None and measured.cores <= 1.0, measured
-    assert last.backend == "thread", str(last)
+    assert watched.profile.cores <= 1.0, watched.profile
+    # it ran 6x slower inline when the item was said to keep the cores busy
+    assert last.backend != "inline", str(last)
 
 
 def test_a_blas_pool_still_spinning_is_not_the_items():
