@@ -40,7 +40,8 @@ class WeakCallable:
         fn: the callable.
         on_death: called with no arguments when the object dies (not called
             for objects that cannot be weakly referenced, which are held
-            strongly instead).
+            strongly instead: lists, dicts, methods bound to them or to an
+            instance of a ``__slots__`` class without ``__weakref__``).
 
     Attributes:
         weak: False when ``fn`` could not be weakly referenced and is held
@@ -53,7 +54,13 @@ class WeakCallable:
         callback = (lambda _ref: on_death()) if on_death is not None else None
         self.weak = True
         if isinstance(fn, types.MethodType):
-            self._get: Callable[[], Any] = weakref.WeakMethod(fn, callback)
+            try:
+                self._get: Callable[[], Any] = weakref.WeakMethod(fn, callback)
+            except TypeError:
+                # Bound to an object without a weak-reference slot (a
+                # ``__slots__`` class that does not list ``__weakref__``).
+                self.weak = False
+                self._get = lambda: fn
             return
         if isinstance(fn, types.BuiltinMethodType):
             owner, name = fn.__self__, fn.__name__
