@@ -74,7 +74,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _remote, _shm
+from . import _fingerprint, _remote, _shm
 from ._identity import WeakCallable, identity_key
 from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
 
@@ -289,7 +289,7 @@ def dumps_request(
         calls: Sequence[Call] = chunk
         if cache is not None:
             if isinstance(fn, CachedCallable):
-                fn = cache.callable_ref(fn.fn, lease)
+                fn = cache.callable_ref(fn, lease)
             calls = cache.substitute(chunk, lease)
             prune = cache.prune_info()
         elif isinstance(fn, CachedCallable):
@@ -478,21 +478,28 @@ class CachedCallable:
     """What a backend's ``prepare`` returns for a callable to send once per worker.
 
     :func:`dumps_request` replaces it by its cache's :class:`CachedRef`.
+    ``prepare`` makes one per ``map`` and per ``submit``: the first request
+    made with it proves the cached copy unchanged (or sends the state
+    again), and the later requests of that ``map`` use the same copy, so a
+    map's chunks all see the state as it was at its first chunk.
 
     Attributes:
         fn: the user's callable.
     """
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "entry")
 
     def __init__(self, fn: Any):
         self.fn = fn
+        self.entry: _Entry | None = None  # set by the first request
 
 
 class _Entry:
-    __slots__ = ("cache", "key", "handle", "ref", "segments", "pins", "retired")
+    __slots__ = ("cache", "key", "handle", "ref", "segments", "pins", "retired", "pickle_len")
 
-    def __init__(self, cache: ObjectCache, key: int, handle: WeakCallable, ref: CachedRef):
+    def __init__(
+        self, cache: ObjectCache, key: int, handle: WeakCallable, ref: CachedRef, pickle_len: int
+    ):
         self.cache = cache
         self.key = key
         self.handle = handle
@@ -500,6 +507,9 @@ class _Entry:
         self.segments = [ref.stream[0], *(name for name, _ in ref.buffers)]
         self.pins = 0
         self.retired = False
+        #: Bytes of the pickle stream at the start of the stream segment
+        #: (what follows is the wire format's header).
+        self.pickle_len = pickle_len
 
 
 def _describe(obj: Any) -> str:
@@ -536,19 +546,43 @@ class ObjectCache:
     # -- what requests use -----------------------------------------------------
 
     def callable_ref(self, fn: Any, lease: Lease) -> Any:
-        """What a request carries for callable ``fn``: a reference, pickled once at first use.
+        """What a request carries for callable ``fn``: a reference to a copy proven current.
 
         A bound method is cached as its ``__self__`` (every method of one
         object shares the entry); the request carries the function by
         reference and the object by :class:`CachedRef`.
 
+        A cached copy is reused only when :meth:`_unchanged` proves the
+        object has not changed since it was sent; otherwise its state is
+        sent again. With a :class:`CachedCallable` (one per ``map`` or
+        ``submit``), that proof is made at its first request; its later
+        requests (the map's other chunks) use the same copy.
+
+        Args:
+            fn: the callable, or a :class:`CachedCallable` holding it.
+            lease: the request's lease, which pins the entry.
+
         Raises:
             Exception: whatever pickling ``fn`` raises.
         """
+        memo = fn if isinstance(fn, CachedCallable) else None
+        if memo is not None:
+            fn = memo.fn
         owner = _bound_owner(fn)
+        with self._lock:
+            entry = memo.entry if memo is not None else None
+            if entry is not None and not entry.retired:
+                self._pin(entry, lease)
+            else:
+                if owner is None:
+                    entry = self._ref(fn, identity_key(fn), True, lease)
+                else:
+                    entry = self._ref(owner, ("s", id(owner)), True, lease)
+                if memo is not None:
+                    memo.entry = entry
         if owner is not None:
-            return _BoundRef(fn.__func__, self._ref(owner, ("s", id(owner)), True, lease))
-        return self._ref(fn, identity_key(fn), True, lease)
+            return _BoundRef(fn.__func__, entry.ref)
+        return entry.ref
 
     def substitute(self, calls: Sequence[Call], lease: Lease) -> Sequence[Call]:
         """Return ``calls`` with each cached (or now cacheable) argument replaced by its ref.
@@ -570,9 +604,15 @@ class ObjectCache:
             return calls
         # An object passed twice within this chunk is a repeat from its first call on.
         counts = collections.Counter(id(obj) for _, _, obj in found)
+        # One decision (and one proof of a cached copy) per object per request.
+        decided: dict[int, Any] = {}
         out = list(calls)
         for index, position, obj in found:
-            ref = self._argument(obj, lease, base + index, counts[id(obj)] > 1)
+            ref = decided.get(id(obj), decided)
+            if ref is decided:
+                ref = decided[id(obj)] = self._argument(
+                    obj, lease, base + index, counts[id(obj)] > 1
+                )
             if ref is obj:
                 continue
             args, kwargs = out[index]
@@ -635,15 +675,20 @@ class ObjectCache:
     # -- internals ---------------------------------------------------------------
 
     def _argument(self, obj: Any, lease: Lease, call: int, repeated: bool) -> Any:
-        """The ref for argument ``obj`` of call number ``call``, or ``obj`` itself."""
+        """The ref for argument ``obj`` of call number ``call``, or ``obj`` itself.
+
+        A cached copy is reused only once proven unchanged (:meth:`_unchanged`),
+        else sent again. Workers never keep an argument across requests: each
+        request unpickles a fresh copy from the segments (a task that changes
+        its argument must not change the next task's), as a pickled argument
+        would be.
+        """
         ident = ("a", id(obj))
         entry = self._entries.get(ident)
         if entry is not None and entry.handle.matches(obj):
             with self._lock:
-                if self._entries.get(ident) is entry and not self._closed:
-                    self._entries.move_to_end(ident)
-                    self._pin(entry, lease)
-                    return entry.ref
+                if not self._closed:
+                    return self._ref(obj, ident, False, lease).ref
         seen = self._seen
         last = seen.get(id(obj))
         if last is not None and last < 0:  # known to be small
@@ -662,7 +707,7 @@ class ObjectCache:
         with self._lock:
             if self._closed:
                 return obj
-            return self._ref(obj, ident, _reusable(obj), lease)
+            return self._ref(obj, ident, False, lease).ref
 
     def _is_big(self, obj: Any) -> bool:
         np = sys.modules.get("numpy")
@@ -673,17 +718,56 @@ class ObjectCache:
         size = payload_size(obj, cap_bytes=self.threshold_bytes)
         return size.error is None and (size.capped or size.nbytes > self.threshold_bytes)
 
-    def _ref(self, obj: Any, ident: Hashable, reuse: bool, lease: Lease) -> CachedRef:
+    def _ref(self, obj: Any, ident: Hashable, reuse: bool, lease: Lease) -> _Entry:
+        """The entry for ``obj``, pinned by ``lease``: the cached one if proven current, else new."""
         with self._lock:
             entry = self._entries.get(ident)
-            if entry is None or not entry.handle.matches(obj):
+            if entry is None or not entry.handle.matches(obj) or not self._unchanged(entry, obj):
                 if entry is not None:
                     self._retire(entry)
                 entry = self._new_entry(obj, ident, reuse)
             else:
                 self._entries.move_to_end(ident)
             self._pin(entry, lease)
-            return entry.ref
+            return entry
+
+    def _unchanged(self, entry: _Entry, obj: Any) -> bool:
+        """Prove that ``obj`` still pickles to exactly what ``entry`` sent.
+
+        An exact proof, not a digest: ``obj`` is pickled again with its big
+        buffers out of band (not copied), and the stream and each buffer are
+        compared byte for byte with the entry's segments, which hold what the
+        workers read. Costs one pickling of the in-band state plus reading
+        both copies of the buffers (~3 GB/s), against a copy into shared
+        memory (~1 GB/s with page faults) and an unpickling in each worker to
+        send it again. Any doubt (pickling fails or differs, a segment is
+        gone) answers False: the state is sent again.
+        """
+        try:
+            stream, buffers = _fingerprint.split(obj, BIG_BUFFER_BYTES)
+        except Exception:
+            return False
+        if len(stream) != entry.pickle_len or [b.nbytes for b in buffers] != [
+            nbytes for _, nbytes in entry.ref.buffers
+        ]:
+            return False
+        sent = [(entry.ref.stream[0], entry.pickle_len), *entry.ref.buffers]
+        for (name, nbytes), mine in zip(sent, [memoryview(stream), *buffers]):
+            if nbytes == 0:
+                continue
+            try:
+                view = _shm.attach(name, nbytes, private=True)
+            except (OSError, ValueError):
+                return False
+            mapping = view.obj
+            try:
+                same = _fingerprint.same_bytes(view, mine)
+            finally:
+                view.release()
+                mapping.close()  # type: ignore[attr-defined]
+            if not same:
+                return False
+        return True
 
     def _new_entry(self, obj: Any, ident: Hashable, reuse: bool) -> _Entry:
         encoder = _Encoder(owner=None)
@@ -709,7 +793,7 @@ class ObjectCache:
         def on_death() -> None:
             cache._forget(ident, key)
 
-        entry = _Entry(self, key, WeakCallable(obj, on_death), ref)
+        entry = _Entry(self, key, WeakCallable(obj, on_death), ref, len(_split(stream)[0]))
         self._entries[ident] = entry
         if ident[0] == "a":  # type: ignore[index]
             self._argument_ids[id(obj)] = entry
@@ -818,12 +902,6 @@ class _BoundRef:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _bind, (self.func, self.ref)
-
-
-def _reusable(obj: Any) -> bool:
-    """Whether a worker may keep ``obj`` across tasks (an array gets a fresh view each time)."""
-    np = sys.modules.get("numpy")
-    return not (np is not None and isinstance(obj, np.ndarray))
 
 
 def _after_fork_in_child() -> None:

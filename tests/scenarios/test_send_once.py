@@ -74,8 +74,12 @@ def test_a_bound_object_is_pickled_once_and_unpickled_once_per_worker():
         for worker, count in seen:
             counts.setdefault(worker, set()).add(count)
         assert all(c == {1} for c in counts.values()), counts  # each worker: once
+        segments = ours()
         assert list(ex.map(model.score, range(10))) == [float(i) for i in range(10)]
-        assert len(PICKLED) == 1  # another method of the same object: still cached
+        # another method of the same object: pickled once more, in band only, to
+        # prove the cached copy current; nothing new is sent
+        assert len(PICKLED) == 2
+        assert ours() == segments
     assert ours() == set()  # shutdown freed it
 
 
