@@ -589,7 +589,7 @@ class SmartExecutor(Executor):
             backend = self._backend(decision.backend)
             decision = self._with_timeout(decision, self._task_timeout)
             backend = self._backend(decision.backend)
-            target = backend.prepare(fn, decision.share)
+            target = backend.prepare_call(fn, decision.share)
             call: Call = (args, kwargs)
             timeout_s = self._task_timeout
 

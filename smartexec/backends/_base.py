@@ -104,14 +104,17 @@ class Backend(abc.ABC):
     def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
         """Return what :meth:`submit_chunk` should send in place of ``fn``.
 
-        Called once per ``submit`` and once per ``map``, in the submitting
-        thread; the result is passed to every :meth:`submit_chunk` of that
-        call, and dropped when the call is done. The default returns ``fn``.
+        Called once per ``map`` (``submit`` calls :meth:`prepare_call`), in
+        the submitting thread; the result is passed to every
+        :meth:`submit_chunk` of that call, and dropped when the call is done.
+        The default returns ``fn``.
 
         A backend that keeps a copy of a callable's state in its workers
         (fork: copy-on-write; dask: scattered once) returns a stand-in here.
         It must not keep ``fn`` alive beyond the calls that use it (hold it
-        weakly, see :class:`smartexec._identity.WeakCallable`).
+        weakly, see :class:`smartexec._identity.WeakCallable`), and its
+        workers must see ``fn``'s state as it is now or later, never an
+        older copy.
 
         Args:
             fn: the user's callable.
@@ -125,6 +128,20 @@ class Backend(abc.ABC):
                 cannot be pickled.
         """
         return fn
+
+    def prepare_call(self, fn: Callable[..., Any], share: bool) -> Any:
+        """:meth:`prepare` for ``submit``: one call, not a stream of chunks.
+
+        A backend whose proof that a kept copy is current costs less than
+        a fresh copy for one call, but more than that for a whole ``map``
+        (fork: a digest against forking a new pool), overrides this. The
+        default is :meth:`prepare`.
+
+        Args:
+            fn: the user's callable.
+            share: as for :meth:`prepare`.
+        """
+        return self.prepare(fn, share)
 
     def describe(self, fn: Callable[..., Any]) -> tuple[str, ...]:
         """Say, for ``SmartExecutor.explain``, where and how this backend would run ``fn``.

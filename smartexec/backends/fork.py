@@ -14,10 +14,17 @@ Data flow (one *pool* = one generation of workers, all forked together)::
 * A callable the policy marks *shared* is never pickled: the parent puts it in
   :mod:`smartexec.trampoline`'s table for the duration of each fork, the worker
   inherits it by copy-on-write, and tasks carry a :class:`SharedRef`.
-* A shared callable first seen after the pool forked starts a new pool that
-  inherits it (forking a process costs about a millisecond per 100 MB of
-  mapped memory); the old pool finishes the chunks already queued on it, then
-  stops. While both run, up to twice ``max_workers`` processes exist.
+* Workers see a shared callable's object as it was when ``map()`` or
+  ``submit()`` was called, never an older copy. A ``map`` runs on a pool
+  forked after it was called: the first chunk of each map of a shared
+  callable starts a new pool (forking a process costs about a millisecond
+  per 100 MB of mapped memory; hashing 100 MB, 40-80 ms), and its later
+  chunks use that snapshot. A ``submit`` reuses the current pool when a
+  SHA-1 digest of the object's pickled state (numpy buffers hashed in place,
+  :func:`smartexec._fingerprint.digest`) equals the one taken when that pool
+  forked; otherwise it starts a new pool too. The old pool finishes the
+  chunks already running on it, then stops, and the new one takes over
+  those queued; while both run, up to twice ``max_workers`` processes exist.
 * Pickling happens in the submitting thread, so a payload that cannot be
   pickled raises from ``submit`` itself, naming the part that failed.
 * Workers ignore SIGINT (the parent decides what Ctrl-C stops) and exit on
@@ -46,7 +53,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from .. import trampoline, transport
+from .. import _fingerprint, trampoline, transport
 from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
@@ -333,6 +340,10 @@ class _ForkPool:
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        #: The backend's epoch just before this pool forked (see ForkBackend).
+        self.born = 0
+        #: token -> digest of that object's state when this pool forked, when known.
+        self.digests: dict[int, bytes] = {}
         objects = live_objects()
         self.covered = frozenset(objects)
         # Fork the zygote now, in the caller's thread, before this pool's
@@ -726,13 +737,31 @@ class _ForkPool:
 
 
 class _Prepared:
-    """What :meth:`ForkBackend.prepare` returns for a shared callable."""
+    """What :meth:`ForkBackend.prepare` returns for a shared callable.
 
-    __slots__ = ("ref", "fn")
+    Attributes:
+        ref: the trampoline reference chunks carry.
+        fn: the user's callable (kept alive while the call runs).
+        since: the backend's epoch when ``map``/``submit`` was called: only a
+            pool born later holds a current snapshot; None when the current
+            pool's snapshot was proven current by digest.
+        digest: the state's digest at that moment (a submit), recorded by
+            the pool forked for it; None when unknown.
+    """
 
-    def __init__(self, ref: trampoline.SharedRef, fn: Any):
+    __slots__ = ("ref", "fn", "since", "digest")
+
+    def __init__(
+        self,
+        ref: trampoline.SharedRef,
+        fn: Any,
+        since: int | None,
+        digest: bytes | None = None,
+    ):
         self.ref = ref
         self.fn = fn
+        self.since = since
+        self.digest = digest
 
 
 class _Entry:
@@ -771,6 +800,9 @@ class ForkBackend(Backend):
         self._retired: list[_ForkPool] = []
         self._closed = False
         self._cache = transport.ObjectCache()  # big arguments seen twice: sent once
+        #: Orders calls and forks: a pool born after a call's epoch forked
+        #: after that call, so its snapshot is at least as new as the call.
+        self._epochs = itertools.count(1)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -781,24 +813,65 @@ class ForkBackend(Backend):
         return None
 
     def prepare(self, fn: Any, share: bool) -> Any:
+        """For a ``map``: a shared callable runs on a pool forked after this call.
+
+        Checking that an existing pool's snapshot is current would cost a
+        digest of the whole state (40-80 ms per 100 MB); forking a new pool
+        costs about a millisecond per 100 MB mapped, so a map always gets a
+        fresh snapshot. Its chunks all use that snapshot.
+        """
         if not share:
             return fn
-        key = identity_key(fn)
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or not entry.handle.matches(fn):
-                entry = _Entry(trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key)))
-                self._entries[key] = entry
-                if not entry.handle.weak:
-                    self._bound_strong_entries()
-            return _Prepared(trampoline.SharedRef(entry.token, callable_name(fn)), fn)
+            token = self._token(fn)
+            return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, next(self._epochs))
+
+    def prepare_call(self, fn: Any, share: bool) -> Any:
+        """For a ``submit``: reuse the current pool when a digest proves its snapshot current.
+
+        A loop of submits would otherwise fork a pool per call. The digest
+        (:func:`smartexec._fingerprint.digest`) pickles the callable with its
+        buffers out of band and hashes them in place; the pool forked for a
+        submit records it. A state that cannot be pickled (one reason to
+        share it) cannot be proven current: each such submit forks a new pool.
+        """
+        if not share:
+            return fn
+        try:
+            digest: bytes | None = _fingerprint.digest(fn)
+        except Exception:
+            digest = None
+        with self._lock:
+            token = self._token(fn)
+            pool = self._pool
+            since: int | None = next(self._epochs)
+            if (
+                digest is not None
+                and pool is not None
+                and pool.usable
+                and token in pool.covered
+                and pool.digests.get(token) == digest
+            ):
+                since = None
+            return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, since, digest)
+
+    def _token(self, fn: Any) -> int:
+        """The trampoline token of shared callable ``fn`` (under the lock)."""
+        key = identity_key(fn)
+        entry = self._entries.get(key)
+        if entry is None or not entry.handle.matches(fn):
+            entry = _Entry(trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key)))
+            self._entries[key] = entry
+            if not entry.handle.weak:
+                self._bound_strong_entries()
+        return entry.token
 
     def refresh(self, fn: Any) -> bool:
-        """Make the next chunks of ``fn`` see its state as it is now.
+        """Forget ``fn``'s trampoline token; its next chunks fork a new pool.
 
-        Workers hold the copy of a shared callable's object that they
-        inherited when they were forked. Dropping its token makes the next
-        submit fork a new pool from the parent's current memory.
+        Not needed for correctness: every ``map`` or ``submit`` already sees
+        the state as it was when it was called (see :meth:`prepare`). Kept
+        for explicit control, e.g. to drop a state a long-running map holds.
 
         Returns:
             True when ``fn`` was shared with this backend's workers.
@@ -832,12 +905,25 @@ class ForkBackend(Backend):
                     live[entry.token] = obj
             return live
 
-    def _pool_covering(self, token: int | None) -> _ForkPool:
+    def _pool_covering(
+        self, token: int | None, since: int | None = None, digest: bytes | None = None
+    ) -> _ForkPool:
+        """The pool to run on: one that inherited ``token`` after epoch ``since``.
+
+        Starts a new pool when the current one cannot serve (none, stopping,
+        ``token`` not inherited, or forked before ``since``), handing it the
+        old pool's queued chunks. A new pool records ``digest`` for ``token``.
+        """
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             pool = self._pool
-            if pool is None or not pool.usable or (token is not None and token not in pool.covered):
+            if (
+                pool is None
+                or not pool.usable
+                or (token is not None and token not in pool.covered)
+                or (since is not None and pool.born <= since)
+            ):
                 queued = []
                 if pool is not None:
                     # The new pool inherits every live object, so it can run what
@@ -845,11 +931,15 @@ class ForkBackend(Backend):
                     queued = pool.take_queued()
                     pool.shutdown(wait=False)
                     self._retired = [p for p in self._retired if not p.done] + [pool]
+                born = next(self._epochs)  # taken before the fork: no later call is older
                 pool = self._pool = _ForkPool(
                     self.max_workers,
                     self._live_objects,
                     threads_per_worker(self._cpu_count, self.max_workers),
                 )
+                pool.born = born
+                if token is not None and digest is not None:
+                    pool.digests[token] = digest
                 if queued:
                     pool.adopt(queued)
             return pool
@@ -869,9 +959,11 @@ class ForkBackend(Backend):
         :class:`~smartexec.errors.TaskTimeoutError`; its worker is killed and
         replaced.
         """
+        since: int | None = None
+        digest: bytes | None = None
         if isinstance(fn, _Prepared):
             target, keepalive, token = fn.ref, fn.fn, fn.ref.token
-            name = fn.ref.name
+            name, since, digest = fn.ref.name, fn.since, fn.digest
         else:
             target, keepalive, token, name = fn, None, None, callable_name(fn)
         try:
@@ -882,7 +974,7 @@ class ForkBackend(Backend):
             ) from exc
         try:
             with self._lock:  # no other thread may retire the pool in between
-                future = self._pool_covering(token).submit(
+                future = self._pool_covering(token, since, digest).submit(
                     payload, keepalive, name, timeout_s, len(chunk)
                 )
         except BaseException:

@@ -234,16 +234,18 @@ class Model:
         return x + self.bias
 
 
-def test_workers_see_the_state_they_were_forked_with_until_refresh():
+def test_workers_see_the_state_as_it_was_at_each_call_without_refresh():
     model = Model()
     with SmartExecutor(2) as ex:
         assert ex.explain(model.predict).share
         assert list(ex.map(model.predict, range(4))) == [0.0, 1.0, 2.0, 3.0]
         model.bias = 100.0
-        # documented: a worker's copy is the object as it was at fork time
-        assert ex.submit(model.predict, 1).result(timeout=30) == 1.0
-        assert ex.refresh(model.predict)
-        assert list(ex.map(model.predict, range(4))) == [100.0, 101.0, 102.0, 103.0]
+        # issue 13: never the snapshot taken when the pool forked
+        assert ex.submit(model.predict, 1).result(timeout=30) == 101.0
+        model.bias = 200.0
+        assert list(ex.map(model.predict, range(4))) == [200.0, 201.0, 202.0, 203.0]
+        assert ex.refresh(model.predict)  # still answers: a copy was kept
+        assert list(ex.map(model.predict, range(4))) == [200.0, 201.0, 202.0, 203.0]
         assert not ex.refresh(len)
 
 
