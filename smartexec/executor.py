@@ -530,16 +530,16 @@ class SmartExecutor(Executor):
         return decision
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
-        """Let workers see the current state of a shared callable's object.
+        """Drop every copy of a shared callable's object kept for ``fn``'s workers.
 
-        A callable shared by copy-on-write (``explain(fn).share`` on fork)
-        reaches each fork worker as the copy of its object that existed when
-        that worker was forked; one sent once per worker (``share`` on loky)
-        as the copy pickled at its first chunk; on the dask backend a callable
-        with big state is scattered to the cluster once. Changes the parent makes
-        afterwards (``model.bias = 2``) are not seen by later chunks. Call
-        ``refresh(fn)`` after such a change: the next chunks of ``fn`` run on
-        workers forked from, or sent, the current state.
+        On fork and loky this is never needed for correct results: each
+        ``map`` or ``submit`` sees the object as it was when it was called
+        (fork forks fresh workers or proves their copy current by digest;
+        loky compares its cached copy with the object before reusing it). It
+        frees a kept copy at once. On the dask backend a callable with big
+        state is scattered to the cluster once and changes the parent makes
+        afterwards (``model.bias = 2``) are not seen: call ``refresh(fn)``
+        after such a change.
 
         Args:
             fn: the callable, e.g. ``model.predict`` (or, on the dask backend,

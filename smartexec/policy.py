@@ -284,8 +284,8 @@ def _decide(
                     f"{holder} cannot be pickled ({state.error})",
                     "fork workers reach it by copy-on-write through a module-level "
                     "trampoline, so it is never pickled",
-                    "workers see the object as it was when they were forked: after "
-                    "changing it, call executor.refresh(fn)",
+                    "workers see the object as it was when map() or submit() was called "
+                    "(each call forks fresh workers: the state cannot be fingerprinted)",
                 ),
                 share=True,
                 profile=profile,
@@ -302,8 +302,9 @@ def _decide(
                     size,
                     "fork workers reach it by copy-on-write through a module-level "
                     "trampoline; it is never pickled",
-                    "workers see the object as it was when they were forked: after "
-                    "changing it, call executor.refresh(fn)",
+                    "workers see the object as it was when map() or submit() was called "
+                    "(a map forks fresh workers; a submit reuses them while a digest of "
+                    "the state is unchanged)",
                 ),
                 share=True,
                 profile=profile,
@@ -319,8 +320,9 @@ def _decide(
                     what,
                     size,
                     f"start method 'fork' is not available here, so it is {_SENT_ONCE}",
-                    "workers keep the copy they received: after changing it, call "
-                    "executor.refresh(fn); prefer='threads' shares it with no copy at all",
+                    "workers reuse the copy they received only while it is proven "
+                    "unchanged (compared with what was sent, at each map or submit); "
+                    "prefer='threads' shares it with no copy at all",
                 ),
                 share=True,
                 profile=profile,

@@ -30,17 +30,24 @@ An object that pickles to more than :data:`BIG_BUFFER_BYTES` and that a
 backend without copy-on-write must send repeatedly (the bound object,
 partial or closure of a callable the policy marked ``share``, or the same
 argument object in several calls) is pickled once into segments; each request
-carries a small :class:`CachedRef`. A worker unpickles it at its first use
-and keeps it, keyed by the parent's identity of the object, so each worker
+carries a small :class:`CachedRef`. A worker unpickles a callable's state at
+its first use and keeps it, keyed by the parent's entry, so each worker
 receives it at most once and its array data stays in shared memory that all
-workers map. The segments are unlinked when the object dies in the parent, or
-at ``shutdown``, once no chunk in flight still refers to them; each request
+workers map; an argument it unpickles afresh from the segments for each
+request, so a task that changes its argument never changes the next task's.
+The segments are unlinked when the object dies in the parent, or at
+``shutdown``, once no chunk in flight still refers to them; each request
 lists the entries still alive and workers drop the others.
 
-A worker that changes a cached object in place keeps the change for its later
-tasks (as with fork workers' copy of a shared object, see
-``SmartExecutor.refresh``). A cached numpy array is the exception: every task
-gets its own copy-on-write view, as for any array argument.
+**Never stale.** An ``id()`` is not a version: a cached entry is reused only
+once :meth:`ObjectCache._unchanged` proves the object still pickles to
+exactly the bytes that were sent (pickled again with big buffers out of band,
+compared byte for byte with the entry's segments). An argument is checked
+once per request; a callable once per ``map`` or ``submit`` (the first
+request made with its :class:`CachedCallable`), so all chunks of one map see
+the state as it was at its first chunk. Anything different is sent again as
+a new entry. A worker's writes to a cached callable's state stay in that
+worker for its later tasks, as on fork.
 
 Who unlinks what, so that nothing is left in ``/dev/shm``: a request's
 segments belong to its :class:`Lease`, released when the chunk's future is

@@ -156,4 +156,4 @@ def test_no_fork_reasons_say_the_state_is_sent_once():
     text = str(decide(profile("bound_method", state=BIG), NO_FORK, Options()))
     assert "'fork' is not available" in text
     assert "sent once to each worker" in text and "shared memory" in text
-    assert "refresh" in text
+    assert "proven unchanged" in text  # issue 13: never a stale copy
