@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from . import _memmap
 from .errors import PayloadPicklingError, RemoteError, RemoteTraceback
 
 __all__ = [
@@ -47,14 +48,19 @@ PROTOCOL = 5
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, but a method bound to an importable class goes by reference.
+    """cloudpickle, but a method bound to an importable class, and a memmap, go by reference.
 
-    cloudpickle sends ``SomeClass.a_classmethod`` by value, which loses the
+    A ``numpy.memmap`` of a file is sent as a reference to the file
+    (:mod:`smartexec._memmap`): writes a task makes land in the file. cloudpickle sends ``SomeClass.a_classmethod`` by value, which loses the
     source file name in worker tracebacks; ``getattr(SomeClass, name)`` is
     what plain pickle would send.
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        # A numpy memmap goes by reference to its file (see smartexec._memmap).
+        reduced = _memmap.reduce(obj)
+        if reduced is not None:
+            return reduced
         if type(obj) is types.MethodType and isinstance(obj.__self__, type):
             owner, name = obj.__self__, obj.__func__.__name__
             if _importable(owner) and getattr(owner, name, None) == obj:

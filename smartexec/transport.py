@@ -81,7 +81,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _fingerprint, _remote, _shm
+from . import _fingerprint, _memmap, _remote, _shm
 from ._identity import WeakCallable, identity_key
 from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
 
@@ -862,7 +862,8 @@ _SHORT_CONTAINER = 64
 def _may_be_big(obj: Any, threshold: int, np: Any, depth: int = 2) -> bool:
     """A cheap guess: could ``obj`` pickle to ``threshold`` bytes or more?
 
-    Exact for strings, bytes and numpy arrays; a container is big when it has
+    Exact for strings, bytes and numpy arrays (a memmap of a file is small:
+    it is sent by reference); a container is big when it has
     many items or, looking ``depth`` levels into a short one, holds something
     that may be big (``{"rows": big_list}``); any other object may be.
     """
@@ -884,6 +885,8 @@ def _may_be_big(obj: Any, threshold: int, np: Any, depth: int = 2) -> bool:
             return bool(obj.nbytes >= threshold)
         if isinstance(obj, np.generic):
             return False
+        if isinstance(obj, np.memmap) and _memmap.reduce(obj) is not None:
+            return False  # sent as a reference to its file: a few hundred bytes
     return True
 
 
