@@ -1,0 +1,219 @@
+"""Issue 13: no result ever comes from stale data.
+
+Whatever a process backend sends once and reuses (a repeated big argument, a
+big callable's state on loky, a fork pool's copy-on-write snapshot of a
+shared callable) must be proven unchanged before reuse, or sent again. Each
+test mutates one cached kind in place between calls and checks that the next
+``submit`` and ``map`` see the change; the send-once win stays where nothing
+changed. Plus memory-mapped arguments (by reference to their file) and
+methods of ``__slots__`` objects without ``__weakref__``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from smartexec import SmartExecutor, transport
+
+pytestmark = pytest.mark.timeout(180)
+
+MiB = 1 << 20
+KINDS = ["array", "list", "dict", "attribute"]
+
+
+class Holder:
+    """A big object with one of each cached kind inside."""
+
+    def __init__(self):
+        self.array = np.zeros(MiB)  # 8 MiB
+        self.list = list(range(300_000))
+        self.dict = {i: i for i in range(300_000)}
+        self.attribute = 1.0
+
+    def value(self, kind):
+        return measure(kind, self if kind == "attribute" else getattr(self, kind))
+
+
+def measure(kind, obj):
+    if kind == "array":
+        return float(obj.sum())
+    if kind in ("list", "dict"):
+        return len(obj)
+    return obj.attribute  # a Holder passed as an argument
+
+
+def argument_of(kind):
+    holder = Holder()
+    return holder if kind == "attribute" else getattr(holder, kind)
+
+
+def check_submit_and_map(ex, fn, args, before, change):
+    """Two calls of each API see ``before``; after ``change()`` both see its result."""
+    assert ex.submit(fn, *args).result(timeout=60) == before
+    assert ex.submit(fn, *args).result(timeout=60) == before
+    assert list(ex.map(fn, *[[a] * 6 for a in args], chunksize=2)) == [before] * 6
+    after = change()
+    assert ex.submit(fn, *args).result(timeout=60) == after
+    assert list(ex.map(fn, *[[a] * 6 for a in args], chunksize=2)) == [after] * 6
+    again = change()  # changed between two maps, with no submit in between
+    assert list(ex.map(fn, *[[a] * 6 for a in args], chunksize=2)) == [again] * 6
+    assert ex.submit(fn, *args).result(timeout=60) == again
+
+
+def changer(kind, obj):
+    state = {"n": 0}
+
+    def change():
+        state["n"] += 1
+        if kind == "array":
+            obj[:] = float(state["n"])
+            return float(obj.size * state["n"])
+        if kind == "list":
+            obj.append(-1)
+            return len(obj)
+        if kind == "dict":
+            obj[f"new{state['n']}"] = 0
+            return len(obj)
+        obj.attribute = 1.0 + state["n"]
+        return obj.attribute
+
+    return change
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_repeated_argument_changed_in_place_is_sent_again(backend, kind):
+    obj = argument_of(kind)
+    with SmartExecutor(2, backend=backend) as ex:
+        check_submit_and_map(ex, measure, (kind, obj), measure(kind, obj), changer(kind, obj))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("backend", ["fork", "loky", None])
+def test_a_big_callables_state_changed_in_place_is_seen(backend, kind):
+    holder = Holder()
+    target = holder if kind == "attribute" else getattr(holder, kind)
+    with SmartExecutor(2, backend=backend) as ex:
+        decision = ex.explain(holder.value)
+        assert decision.share  # sent once (loky) or by copy-on-write (fork, default)
+        if backend is None:
+            assert decision.backend == "fork"
+        check_submit_and_map(ex, holder.value, (kind,), holder.value(kind), changer(kind, target))
+
+
+@pytest.fixture
+def big_segments(monkeypatch):
+    """Sizes of the shared-memory segments of 1 MiB or more the parent creates."""
+    sizes: list[int] = []
+    real = transport._shm.create
+
+    def spy(data, *args, **kwargs):
+        name = real(data, *args, **kwargs)
+        if memoryview(data).nbytes >= MiB:
+            sizes.append(memoryview(data).nbytes)
+        return name
+
+    monkeypatch.setattr(transport._shm, "create", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_an_unchanged_repeated_array_is_still_put_in_shared_memory_once(backend, big_segments):
+    arr = np.zeros(MiB)
+    with SmartExecutor(2, backend=backend) as ex:
+        for _ in range(6):
+            assert ex.submit(measure, "array", arr).result(timeout=60) == 0.0
+        assert list(ex.map(measure, ["array"] * 8, [arr] * 8, chunksize=2)) == [0.0] * 8
+        # its first sighting travels with its request, the second is cached: no more
+        assert big_segments == [arr.nbytes] * 2
+        arr[:] = 1.0
+        assert ex.submit(measure, "array", arr).result(timeout=60) == arr.size
+        assert ex.submit(measure, "array", arr).result(timeout=60) == arr.size
+        assert big_segments == [arr.nbytes] * 3  # sent again once, then reused
+
+
+def test_an_unchanged_big_state_is_still_sent_once_on_loky(big_segments):
+    holder = Holder()
+    with SmartExecutor(2, backend="loky") as ex:
+        for _ in range(4):
+            assert ex.submit(holder.value, "array").result(timeout=60) == 0.0
+        assert list(ex.map(holder.value, ["array"] * 8, chunksize=1)) == [0.0] * 8
+        assert len(ex._backends["loky"]._cache) == 1
+        assert big_segments.count(holder.array.nbytes) == 1
+
+
+def test_fork_submits_of_an_unchanged_object_reuse_their_pool():
+    holder = Holder()
+    with SmartExecutor(2, backend="fork") as ex:
+        assert ex.submit(holder.value, "attribute").result(timeout=60) == 1.0
+        pool = ex._backends["fork"]._pool
+        for _ in range(5):  # a digest proves the pool's snapshot current
+            assert ex.submit(holder.value, "attribute").result(timeout=60) == 1.0
+        assert ex._backends["fork"]._pool is pool
+        holder.attribute = 5.0
+        assert ex.submit(holder.value, "attribute").result(timeout=60) == 5.0
+        assert ex._backends["fork"]._pool is not pool
+
+
+# -- memory-mapped arguments -----------------------------------------------------
+
+
+def fill(mm, row):
+    mm[row] = row + 1.0
+    return type(mm).__name__
+
+
+def describe(mm):
+    return type(mm).__name__, os.path.basename(mm.filename), bool(mm.flags.writeable)
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_task_writes_into_the_r_plus_memmap_it_was_given(backend, tmp_path):
+    path = tmp_path / "out.dat"
+    np.zeros((64, 1000)).tofile(path)
+    mm = np.memmap(path, dtype=np.float64, mode="r+", shape=(64, 1000))
+    with SmartExecutor(2, backend=backend) as ex:
+        assert ex.submit(fill, mm, 0).result(timeout=60) == "memmap"
+        assert set(ex.map(fill, [mm] * 63, range(1, 64), chunksize=4)) == {"memmap"}
+    on_disk = np.fromfile(path).reshape(64, 1000)
+    assert (on_disk == np.arange(1.0, 65.0)[:, None]).all()
+    assert (mm == on_disk).all()  # the caller's own mapping sees it too
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_read_only_memmap_is_sent_by_reference(backend, tmp_path):
+    path = tmp_path / "in.dat"
+    np.arange(4 * MiB, dtype=np.float64).tofile(path)  # 32 MiB
+    mm = np.memmap(path, dtype=np.float64, mode="r")
+    with SmartExecutor(2, backend=backend) as ex:
+        assert ex.submit(describe, mm).result(timeout=60) == ("memmap", "in.dat", False)
+        assert ex.submit(measure, "array", mm[10:20]).result(timeout=60) == sum(range(10, 20))
+
+
+# -- __slots__ without __weakref__ ----------------------------------------------------
+
+
+class Slotted:
+    __slots__ = ("weights", "scale")
+
+    def __init__(self, nbytes):
+        self.weights = np.ones(nbytes // 8)
+        self.scale = 1.0
+
+    def score(self, i):
+        return float(self.weights[i]) * self.scale * i
+
+
+@pytest.mark.parametrize("nbytes", [8_000, 2 * MiB], ids=["small", "big"])
+@pytest.mark.parametrize("backend", ["fork", "loky", None])
+def test_a_method_of_a_slots_object_without_weakref_runs(backend, nbytes):
+    obj = Slotted(nbytes)
+    with SmartExecutor(2, backend=backend) as ex:
+        assert ex.submit(obj.score, 3).result(timeout=60) == 3.0
+        assert list(ex.map(obj.score, range(5))) == [0.0, 1.0, 2.0, 3.0, 4.0]
+        obj.scale = 2.0
+        assert ex.submit(obj.score, 3).result(timeout=60) == 6.0
+        assert list(ex.map(obj.score, range(5))) == [0.0, 2.0, 4.0, 6.0, 8.0]
