@@ -10,6 +10,7 @@ import functools
 import gc
 import os
 import pickle
+import threading
 import warnings
 
 import numpy as np
@@ -384,3 +385,123 @@ def test_small_items_are_timed_as_a_chunk_pickles_them():
     measure_pickling(estimate, args, results)
     one_by_one = sum(estimate_send_s(pair) for pair in zip(args, results)) / 64
     assert 0 < estimate.pickle_parent_s < one_by_one / 3, (estimate.pickle_parent_s, one_by_one)
+
+
+# -- never stale (issue 13) ----------------------------------------------------------
+
+
+def test_same_bytes_is_exact():
+    from smartexec._fingerprint import same_bytes
+
+    a = np.arange(3 * MiB + 3, dtype=np.uint8)  # not a whole number of words
+    b = a.copy()
+    assert same_bytes(a, b)
+    b[-1] ^= 1  # the last, odd byte
+    assert not same_bytes(a, b)
+    b[-1] ^= 1
+    b[MiB] ^= 1
+    assert not same_bytes(a, b)
+    assert not same_bytes(a, a[:-1])
+    assert same_bytes(b"", b"")
+
+
+def test_digest_follows_the_state_not_the_identity():
+    from smartexec._fingerprint import digest
+
+    model = Model()
+    first = digest(model.score)
+    assert digest(model.score) == first
+    model.weights[5] = 2.0
+    assert digest(model.score) != first
+    model.weights[5] = 1.0
+    assert digest(model.score) == first  # same bytes again: same state
+    lock = threading.Lock()
+    with pytest.raises(TypeError):
+        digest(lambda: lock)  # cannot be pickled: no proof
+
+
+def test_a_changed_argument_is_sent_again_and_an_unchanged_one_reused():
+    cache = transport.ObjectCache()
+    array = np.zeros(BIG // 8 + 1)
+    try:
+        _, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
+        (key,) = cache._live
+        data, lease2 = request(add, [((array, 0), {})], cache)
+        assert set(cache._live) == {key}  # proven unchanged: reused
+        array[7] = 5.0
+        data, lease3 = request(add, [((array, 0), {})], cache)
+        assert len(cache) == 1 and set(cache._live) - {key}  # a new entry
+        assert transport.loads_request(data)[1][0][0][0][7] == 5.0
+        for held in (lease, lease2, lease3):
+            held.release()
+    finally:
+        cache.close()
+    assert ours() == set()
+
+
+def test_an_argument_is_unpickled_afresh_for_each_request():
+    cache = transport.ObjectCache()
+    rows = list(range(300_000))
+    try:
+        data, lease = request(add, [((rows, 1), {}), ((rows, 2), {})], cache)
+        first = transport.loads_request(data)[1][0][0][0]
+        first.append("written by a task")
+        again = transport.loads_request(data)[1][0][0][0]
+        assert again == rows  # a task's writes never reach the next task
+        lease.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+    assert ours() == set()
+
+
+def test_a_cached_callable_is_proven_once_per_map_and_resent_when_changed():
+    cache = transport.ObjectCache()
+    model = Model()
+    try:
+        one_map = transport.CachedCallable(model.score)
+        data, lease = request(one_map, [((1,), {})], cache)
+        model.weights[1] = 3.0  # while that map runs: its later chunks keep its snapshot
+        later, lease2 = request(one_map, [((1,), {})], cache)
+        assert transport.loads_request(later)[0](1) == 1.0
+        data, lease3 = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        assert transport.loads_request(data)[0](1) == 3.0  # the next call: sent again
+        assert len(cache) == 1
+        for held in (lease, lease2, lease3):
+            held.release()
+    finally:
+        cache.close()
+        transport._OBJECTS.clear()
+    assert ours() == set()
+
+
+def fill_row(mm, row):
+    mm[row] = row
+    return mm
+
+
+def test_a_memmap_is_pickled_as_a_reference_to_its_file(tmp_path):
+    from smartexec import _remote
+
+    path = tmp_path / "data.dat"
+    mm = np.memmap(path, dtype=np.float64, mode="w+", shape=(4000, 100))
+    stream = _remote.dumps(mm)
+    assert len(stream) < 1024  # 3.2 MB of data, not copied
+    back = _remote.loads(stream)
+    assert isinstance(back, np.memmap) and back.shape == mm.shape and back.flags.writeable
+    back[3] = 7.0
+    back.flush()
+    assert (mm[3] == 7.0).all()  # the same file
+    for view in (mm[10:20], mm[:, 5], mm.T, mm[2:8, 1::3]):
+        copy = _remote.loads(_remote.dumps(view))
+        assert copy.shape == view.shape and np.shares_memory(copy, copy) and (copy == view).all()
+        copy[...] = 1.5
+        assert (view == 1.5).all()  # writes land in the file, where view sees them
+    read_only = np.memmap(path, dtype=np.float64, mode="r", shape=(4000, 100))
+    assert not _remote.loads(_remote.dumps(read_only)).flags.writeable
+    reversed_view = mm[::-1]
+    assert len(_remote.dumps(reversed_view)) > mm.nbytes  # by value
+    private = np.memmap(path, dtype=np.float64, mode="c", shape=(4000, 100))
+    private[0] = 9.0  # not in the file: must travel by value
+    assert _remote.loads(_remote.dumps(private))[0, 0] == 9.0
+    del back, copy, read_only, private, mm
