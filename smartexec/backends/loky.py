@@ -17,8 +17,9 @@ Chunks are pickled by :mod:`smartexec.transport` in the submitting thread
 (loky then only moves bytes): big numpy buffers go through shared memory both
 ways, and a callable the policy marks ``share`` (big bound object, partial or
 closure state), like an argument object repeated across calls, is sent once
-to each worker and cached there. Loky workers are started fresh, with no
-copy-on-write, so without this every chunk would pickle the whole object.
+to each worker and cached there, and reused only while proven unchanged.
+Loky workers are started fresh, with no copy-on-write, so without this every
+chunk would pickle the whole object.
 """
 
 from __future__ import annotations
@@ -118,11 +119,20 @@ class LokyBackend(Backend):
         )
 
     def prepare(self, fn: Any, share: bool) -> Any:
-        """Return ``fn``, or, with ``share``, a marker that sends it once per worker."""
+        """Return ``fn``, or, with ``share``, a marker that sends it once per worker.
+
+        One marker per ``map`` or ``submit``: its first chunk reuses the
+        workers' cached copy only once it is proven byte for byte unchanged
+        (:meth:`smartexec.transport.ObjectCache.callable_ref`), else sends
+        the state again; the map's later chunks use that same copy.
+        """
         return transport.CachedCallable(fn) if share else fn
 
     def refresh(self, fn: Any) -> bool:
         """Make the next chunks of ``fn`` send its state as it is now.
+
+        Not needed for correct results (each map and submit proves the
+        cached copy current); it drops the cached copy at once.
 
         Returns:
             True when ``fn`` was cached for this backend's workers.
