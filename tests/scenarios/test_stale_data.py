@@ -193,6 +193,23 @@ def test_a_read_only_memmap_is_sent_by_reference(backend, tmp_path):
         assert ex.submit(measure, "array", mm[10:20]).result(timeout=60) == sum(range(10, 20))
 
 
+def rows(mm, start):
+    return mm[start : start + 2]
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_memmap_result_comes_back_as_a_memmap_of_the_same_file(backend, tmp_path):
+    path = tmp_path / "rows.dat"
+    np.arange(64 * 1000, dtype=np.float64).tofile(path)
+    mm = np.memmap(path, dtype=np.float64, mode="r+", shape=(64, 1000))
+    with SmartExecutor(2, backend=backend) as ex:
+        back = ex.submit(rows, mm, 10).result(timeout=60)
+    assert isinstance(back, np.memmap) and os.path.samefile(back.filename, path)
+    assert (back == mm[10:12]).all()
+    back[0, 0] = -1.0  # the same bytes of the same file
+    assert mm[10, 0] == -1.0
+
+
 # -- __slots__ without __weakref__ ----------------------------------------------------
 
 
