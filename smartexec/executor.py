@@ -1121,7 +1121,8 @@ class SmartExecutor(Executor):
           in the workers, re-tuned as chunks finish; workers stop a chunk that
           runs far past its expected time and the rest is re-chunked;
         * when the executor chose the backend (no ``backend=``), no
-          ``chunksize`` and no ``timeout`` are given, the first items run in
+          ``chunksize``, no ``timeout`` and no ``initializer`` are given
+          (nor a ``task_timeout``), the first items run in
           the calling thread for about 10 ms to measure them (their results
           are kept, and their side effects happen in this process); if a
           plain loop is predicted to be at least as fast, the whole map runs

@@ -13,7 +13,12 @@ from concurrent.futures.thread import BrokenThreadPool
 import pytest
 
 from smartexec import SmartExecutor
-from smartexec.errors import InitializerError, ProcessInitializerError, ThreadInitializerError
+from smartexec.errors import (
+    InitializerError,
+    ProcessInitializerError,
+    ThreadInitializerError,
+    WorkerCrashedError,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -84,9 +89,10 @@ def test_failing_initializer_breaks_the_executor(backend, caplog):
     ours = ThreadInitializerError if backend == "thread" else ProcessInitializerError
     with caplog.at_level(logging.CRITICAL, logger="concurrent.futures"):
         with SmartExecutor(2, backend=backend, initializer=fail_init) as ex:
-            future = ex.submit(status)
             with pytest.raises(broken) as info:
-                future.result()
+                # As with the stdlib: submit itself may raise when a worker's
+                # initializer failed before this call; else its future fails.
+                ex.submit(status).result()
             # Later work is refused at once, with the same error.
             with pytest.raises(broken):
                 ex.submit(status)
@@ -130,6 +136,21 @@ def test_max_tasks_per_child_runs_the_initializer_in_each_replacement():
         results = [ex.submit(status).result() for _ in range(3)]
     assert [tag for tag, _, _ in results] == ["again"] * 3
     assert len({p for _, p, _ in results}) == 3
+
+
+def crash(_=None):
+    os._exit(3)
+
+
+@pytest.mark.timeout(60)
+def test_a_crashed_fork_worker_is_replaced_by_an_initialized_one():
+    with SmartExecutor(1, backend="fork", initializer=init, initargs=("fresh",)) as ex:
+        first = ex.submit(status).result()
+        with pytest.raises(WorkerCrashedError):
+            ex.submit(crash).result()
+        second = ex.submit(status).result()
+    assert first[0] == second[0] == "fresh"
+    assert first[1] != second[1]
 
 
 @pytest.mark.timeout(60)
