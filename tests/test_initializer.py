@@ -227,3 +227,12 @@ def test_thread_backend_ignores_max_tasks_per_child():
 def test_broken_error_is_a_broken_executor():
     assert issubclass(ProcessInitializerError, cf.BrokenExecutor)
     assert issubclass(ThreadInitializerError, BrokenThreadPool)
+
+
+@pytest.mark.parametrize("backend", ["thread", "fork"])
+def test_failing_initializer_with_task_timeout(backend):
+    # The task_timeout paths run chunks differently: they break all the same.
+    broken = BrokenThreadPool if backend == "thread" else BrokenProcessPool
+    with SmartExecutor(2, backend=backend, initializer=fail_init, task_timeout=30) as ex:
+        with pytest.raises(broken, match="fail_init"):
+            ex.submit(status).result(timeout=20)
