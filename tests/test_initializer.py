@@ -236,3 +236,12 @@ def test_failing_initializer_with_task_timeout(backend):
     with SmartExecutor(2, backend=backend, initializer=fail_init, task_timeout=30) as ex:
         with pytest.raises(broken, match="fail_init"):
             ex.submit(status).result(timeout=20)
+
+
+def test_initializer_on_the_spawn_route():
+    ex = SmartExecutor(2, mp_context="spawn", initializer=init, initargs=("spawned",))
+    try:
+        assert ex.explain(status).backend == "loky"
+        assert [r[0] for r in ex.map(status, range(4))] == ["spawned"] * 4
+    finally:
+        ex.shutdown()
