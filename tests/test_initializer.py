@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 from concurrent.futures.thread import BrokenThreadPool
 
@@ -126,6 +127,27 @@ def test_max_tasks_per_child_replaces_fork_workers():
     assert len(mapped) == 9
     assert max(mapped.count(p) for p in set(mapped)) <= 2
     assert len(set(mapped)) >= 5
+
+
+def _alive(process_id):
+    try:
+        os.kill(process_id, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_did_its_share_exits_at_once():
+    # Not at the next submit: the point of max_tasks_per_child is to free
+    # what the worker holds.
+    with SmartExecutor(1, backend="fork", max_tasks_per_child=1) as ex:
+        worker = ex.submit(pid).result()
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(worker)
+        assert ex.submit(pid).result() != worker
 
 
 @pytest.mark.timeout(60)

@@ -702,9 +702,18 @@ class _ForkPool:
                     return task
         return None
 
+    def _retire(self, worker: _Worker) -> None:
+        """Ask an idle worker to exit (max_tasks_per_child); _bury forks its replacement."""
+        with contextlib.suppress(OSError):
+            worker.conn.send_bytes(b"")
+        worker.lost = True  # no chunk goes to it; the zygote reports its exit
+
     def _dispatch(self) -> None:
         for worker in self._workers:
             if worker.task is not None or worker.lost or worker.pid is None:
+                continue
+            if self._max_tasks is not None and worker.calls >= self._max_tasks:
+                self._retire(worker)  # done its share: go now, freeing its memory
                 continue
             task = self._next_task()
             if task is None:
@@ -714,14 +723,11 @@ class _ForkPool:
                 and worker.calls > 0
                 and worker.calls + task.items > self._max_tasks
             ):
-                # max_tasks_per_child: this worker has done its share. Ask it to
-                # exit (the zygote's exit report makes _bury fork its
-                # replacement) and give the chunk to the next worker.
+                # max_tasks_per_child: the chunk would take this worker past
+                # its share; a fresh worker takes it instead.
                 with self._lock:
                     self._unsent.appendleft(task)
-                with contextlib.suppress(OSError):
-                    worker.conn.send_bytes(b"")
-                worker.lost = True
+                self._retire(worker)
                 continue
             worker.calls += task.items
             worker.task = task
