@@ -473,6 +473,7 @@ class SmartExecutor(Executor):
             stoppable=task_timeout is not None,
             start_method=start_method,
             retires_workers=self._max_tasks_per_child is not None,
+            initializer=initializer is not None,
         )
         self._task_timeout = task_timeout
         self._max_retries = max_retries

@@ -79,6 +79,10 @@ class Options:
         retires_workers: the user set ``max_tasks_per_child``: process work
             goes to fork, whose workers can be retired one at a time, rather
             than loky.
+        initializer: the user set an ``initializer``: a callable whose code
+            travels by value (``__main__``, lambda, closure) is shared with
+            fork workers rather than pickled, so that it reads the globals
+            the initializer set in the worker (a pickled copy brings its own).
     """
 
     backend: str | None = None
@@ -87,6 +91,7 @@ class Options:
     stoppable: bool = False
     start_method: str | None = None
     retires_workers: bool = False
+    initializer: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,11 @@ def decide(
       ``mp_context``), the table is walked as on a platform without fork:
       process work goes to loky, and the reasons say so;
     * with ``options.retires_workers`` (``max_tasks_per_child``), work bound
-      for loky goes to fork, whose workers are retired after that many calls.
+      for loky goes to fork, whose workers are retired after that many calls;
+    * with ``options.initializer``, process work whose code travels by value
+      goes to fork, shared (inherited, not pickled): a pickled copy of a
+      function reads its own copy of its module's globals, not the worker's
+      that the initializer set.
 
     Args:
         profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
@@ -252,6 +261,27 @@ def decide(
                 *decision.reasons,
                 "max_tasks_per_child is set: fork workers (which send code by value with "
                 "cloudpickle too) are retired after that many calls; loky's cannot be",
+            ),
+        )
+    if (
+        options.initializer
+        and options.backend in (None, "fork")
+        and decision.backend in ("fork", "loky")
+        and not decision.share
+        and not profile.by_reference
+        and platform.has_fork
+    ):
+        decision = replace(
+            decision,
+            backend="fork",
+            share=True,
+            measure=False,
+            reasons=(
+                *decision.reasons,
+                "an initializer is set and this callable's code travels by value: a pickled "
+                "copy would read its own copy of its module's globals, never what the "
+                "initializer set in the worker; fork workers inherit the callable instead "
+                "(by copy-on-write), so it reads the worker's globals",
             ),
         )
     if options.stoppable:

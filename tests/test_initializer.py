@@ -6,6 +6,8 @@ import concurrent.futures as cf
 import logging
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -267,3 +269,34 @@ def test_initializer_on_the_spawn_route():
         assert [r[0] for r in ex.map(status, range(4))] == ["spawned"] * 4
     finally:
         ex.shutdown()
+
+
+SCRIPT = """
+from smartexec import SmartExecutor
+DB = None
+def init(value):
+    global DB
+    DB = value
+def task(x):
+    return DB, x
+if __name__ == "__main__":
+    for backend in (None, "fork"):
+        with SmartExecutor(2, backend=backend, initializer=init, initargs=("db",)) as ex:
+            print(backend, ex.submit(task, 1).result(), list(ex.map(task, range(2))))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_whose_initializer_and_task_live_in_main(tmp_path):
+    # The commonest stdlib pattern: both functions in the script. The task's
+    # code travels by value; a pickled copy would read its own DB (None).
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "None ('db', 1) [('db', 0), ('db', 1)]",
+        "fork ('db', 1) [('db', 0), ('db', 1)]",
+    ], proc.stderr

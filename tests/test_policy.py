@@ -189,3 +189,23 @@ def test_max_tasks_per_child_moves_loky_work_to_fork(threads):
     # threads are not processes: thread-bound work stays
     hinted = profile("builtin", gil_hint="sleeps")
     assert decide(hinted, LINUX, Options(retires_workers=True)).backend == "thread"
+
+
+@pytest.mark.parametrize(
+    "prof",
+    [
+        profile("main", by_reference=False, state=SMALL),
+        profile("lambda", by_reference=False, state=SMALL),
+        profile("closure", by_reference=False, state=SMALL),
+    ],
+)
+def test_with_an_initializer_by_value_code_is_inherited_by_fork_workers(prof):
+    decision = decide(prof, LINUX, Options(initializer=True))
+    assert (decision.backend, decision.share) == ("fork", True), str(decision)
+    assert "initializer" in decision.reasons[-1]
+    forced = decide(prof, LINUX, Options(initializer=True, backend="fork"))
+    assert forced.share, str(forced)
+    # an importable function is pickled by reference: it finds the worker's globals
+    assert not decide(profile("function"), LINUX, Options(initializer=True)).share
+    # without fork, nothing to inherit from
+    assert decide(prof, LINUX, Options(initializer=True, start_method="spawn")).backend == "loky"
