@@ -12,9 +12,12 @@ from typing import Any
 
 from .errors import (
     BackendUnavailableError,
+    InitializerError,
     PayloadPicklingError,
+    ProcessInitializerError,
     RemoteError,
     TaskTimeoutError,
+    ThreadInitializerError,
     UnknownBackendError,
     WorkerCrashedError,
 )
@@ -32,6 +35,9 @@ __all__ = [
     "available_backends",
     "PayloadPicklingError",
     "WorkerCrashedError",
+    "InitializerError",
+    "ProcessInitializerError",
+    "ThreadInitializerError",
     "TaskTimeoutError",
     "RemoteError",
     "UnknownBackendError",

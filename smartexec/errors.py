@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import pickle
 from concurrent import futures
+from concurrent.futures import BrokenExecutor
 from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures.thread import BrokenThreadPool
 from typing import Any
 
 __all__ = [
     "PayloadPicklingError",
     "WorkerCrashedError",
+    "InitializerError",
+    "ProcessInitializerError",
+    "ThreadInitializerError",
     "TaskTimeoutError",
     "RemoteError",
     "RemoteTraceback",
@@ -153,3 +158,46 @@ class BackendUnavailableError(ImportError):
         super().__init__(message)
         self.backend = backend
         self.hint = hint
+
+
+class InitializerError(BrokenExecutor):
+    """The ``initializer=`` given to ``SmartExecutor`` raised in a worker.
+
+    As with the stdlib pools, the executor is then broken: the futures
+    pending on that backend fail with it, and ``submit`` / ``map`` raise it
+    from then on. The initializer's own exception is the ``__cause__`` (for
+    a worker process, a :class:`RemoteTraceback` with its traceback).
+    Catch :class:`ProcessInitializerError` /
+    :class:`ThreadInitializerError`, or the stdlib's ``BrokenProcessPool`` /
+    ``BrokenThreadPool`` (``concurrent.futures.BrokenExecutor`` for both).
+
+    Attributes:
+        initializer: the initializer's qualified name.
+        backend: the backend whose worker ran it, e.g. ``"fork"``.
+    """
+
+    def __init__(self, message: str, *, initializer: str, backend: str):
+        super().__init__(message)
+        self.initializer = initializer
+        self.backend = backend
+
+    def again(self) -> InitializerError:
+        """A new error like this one, its cause chained (raised by later submits)."""
+        error = type(self)(str(self), initializer=self.initializer, backend=self.backend)
+        error.__cause__ = self.__cause__
+        return error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), self.initializer, self.backend))
+
+
+def _rebuild(cls: type[InitializerError], message: str, initializer: str, backend: str) -> Any:
+    return cls(message, initializer=initializer, backend=backend)
+
+
+class ProcessInitializerError(InitializerError, BrokenProcessPool):
+    """The initializer failed in a worker process (fork, loky): a ``BrokenProcessPool``."""
+
+
+class ThreadInitializerError(InitializerError, BrokenThreadPool):
+    """The initializer failed in a worker thread (or inline): a ``BrokenThreadPool``."""

@@ -14,13 +14,15 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import multiprocessing
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
+from . import _initializer
 from ._diagnose import is_pickling_failure, pickling_error
 from ._futures import ChainedFuture
 from ._identity import WeakCallable, identity_key
@@ -42,7 +44,7 @@ from ._mapping import (
 from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .backends._base import Backend
-from .errors import BackendUnavailableError, WorkerCrashedError
+from .errors import BackendUnavailableError, InitializerError, WorkerCrashedError
 from .gil import (
     GIL_DECIDED_S,
     GIL_MIN_ITEM_S,
@@ -58,7 +60,7 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide, stoppable
 from .progress import ProgressFactory, progress_factory, track
-from .registry import create_backend, get_backend_class
+from .registry import _accepted_options, create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 
@@ -207,10 +209,44 @@ def _options_without_backend(options: dict[str, Any]) -> str:
 
 
 def _check_open(executor: SmartExecutor) -> None:
+    error = executor._broken_error()
+    if error is not None:
+        # As a broken stdlib pool: submit raises its Broken* error.
+        if isinstance(error, InitializerError):
+            raise error.again()
+        raise BrokenExecutor(str(error)) from error
     if executor._shutdown:
         raise RuntimeError("cannot schedule new futures after shutdown")
     if _interpreter_exiting:
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+
+def _start_method(mp_context: Any) -> str | None:
+    """The start method of ``mp_context`` (a multiprocessing context or its name), or None.
+
+    Raises:
+        TypeError: neither None, a context nor a string.
+        ValueError: a start method this platform does not offer.
+    """
+    if mp_context is None:
+        return None
+    if isinstance(mp_context, str):
+        method = mp_context
+    elif callable(getattr(mp_context, "get_start_method", None)):
+        method = mp_context.get_start_method(allow_none=False)
+    else:
+        raise TypeError(
+            f"mp_context must be a multiprocessing context (e.g. "
+            f'multiprocessing.get_context("spawn")), a start method name or None, got '
+            f"{mp_context!r} ({type(mp_context).__qualname__})"
+        )
+    offered = multiprocessing.get_all_start_methods()
+    if method not in offered:
+        raise ValueError(
+            f"mp_context: start method {method!r} is not offered here; this platform "
+            f"offers {', '.join(map(repr, offered))}"
+        )
+    return str(method)
 
 
 class _CallFuture(ChainedFuture):
@@ -279,7 +315,40 @@ class SmartExecutor(Executor):
     Args:
         max_workers: workers per backend (int >= 1). None means one per usable
             CPU for process backends and ``min(32, cpus + 4)`` for threads,
-            as ``ThreadPoolExecutor`` does.
+            as ``ThreadPoolExecutor`` does. The only argument taken by
+            position (the stdlib pools differ from the second on); every
+            other one is keyword-only.
+        initializer: called as ``initializer(*initargs)`` once in every
+            worker before its first task, as the stdlib pools do: in each
+            thread of the thread backend, in each fork worker (after its
+            fork, replacement workers too), in each loky worker; with
+            ``backend="inline"``, once in the calling thread before the
+            first item. With an initializer set, ``map`` never runs items in
+            the calling thread to measure them. When it raises, the executor
+            is broken as a stdlib pool is: pending futures of that backend
+            fail, and ``submit`` / ``map`` raise from then on, with
+            :class:`~smartexec.errors.ProcessInitializerError` (a
+            ``BrokenProcessPool``) or
+            :class:`~smartexec.errors.ThreadInitializerError` (a
+            ``BrokenThreadPool``), which names the initializer and chains
+            its exception; the failure is also logged (CRITICAL, logger
+            ``concurrent.futures``). None: nothing runs.
+        initargs: the initializer's arguments (a tuple). Fork workers
+            inherit them; loky pickles them with cloudpickle.
+        max_tasks_per_child: calls (not chunks) a worker process runs
+            before it exits and is replaced by a fresh one (int >= 1), as
+            ``ProcessPoolExecutor``'s; chunks then hold at most this many
+            items. Honoured by fork workers (unlike the stdlib, whose fork
+            start method refuses it: ours fork from a clean zygote), so
+            process work goes to fork, not loky. Threads are not processes:
+            the thread backend ignores it. None: workers live as long as the
+            executor.
+        mp_context: a multiprocessing context (or its start method name)
+            fixing how worker processes start: ``"fork"`` (or None) allows
+            the fork backend; ``"spawn"`` and ``"forkserver"`` send process
+            work to loky, whose workers start as fresh interpreters (its own
+            fork+exec; the context object itself is not used), and
+            ``explain()`` says so.
         backend: force every call onto one backend: ``"thread"``, ``"fork"``,
             ``"loky"``, ``"inline"``, ``"dask"`` or a registered plugin name. None lets the
             policy choose per callable.
@@ -320,8 +389,15 @@ class SmartExecutor(Executor):
 
     Raises:
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
-            one of the accepted values.
-        TypeError: ``max_workers`` is not an int; ``progress`` is neither a
+            one of the accepted values; ``max_tasks_per_child`` is below 1,
+            or set where no backend can honour it (``backend="loky"``, or an
+            ``mp_context`` that is not fork); ``mp_context`` names a start
+            method this platform lacks, or contradicts ``backend="fork"``.
+        TypeError: ``max_workers`` is not an int; ``initializer`` is not
+            callable (``"initializer must be a callable"``, as the stdlib);
+            ``max_tasks_per_child`` is not an int; ``mp_context`` is not a
+            context; ``initializer`` is given for a backend that cannot run
+            one; ``progress`` is neither a
             bool nor callable; backend options were given without
             ``backend``, or the backend does not take one of them (the
             message lists those it takes).
@@ -340,6 +416,10 @@ class SmartExecutor(Executor):
         self,
         max_workers: int | None = None,
         *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_child: int | None = None,
+        mp_context: Any = None,
         backend: str | None = None,
         prefer: Literal["threads", "processes"] | None = None,
         big_state_bytes: int = BIG_STATE_BYTES,
@@ -371,6 +451,11 @@ class SmartExecutor(Executor):
         _require_int("max_retries", max_retries, "an int")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self._initargs = _initializer.check(initializer, initargs)
+        self._initializer = initializer
+        self._max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
+        start_method = _start_method(mp_context)
+        self._check_worker_options(backend, start_method)
         if backend is not None:
             factory = self._check_available(backend)
             if task_timeout is not None and not _takes_timeouts(factory):
@@ -386,6 +471,9 @@ class SmartExecutor(Executor):
             prefer=prefer,
             big_state_bytes=big_state_bytes,
             stoppable=task_timeout is not None,
+            start_method=start_method,
+            retires_workers=self._max_tasks_per_child is not None,
+            initializer=initializer is not None,
         )
         self._task_timeout = task_timeout
         self._max_retries = max_retries
@@ -404,8 +492,87 @@ class SmartExecutor(Executor):
         self._started: set[str] = set()
         if backend is not None:
             self._backends[backend] = create_backend(
-                backend, max_workers, self._platform.cpu_count, backend_options
+                backend,
+                max_workers,
+                self._platform.cpu_count,
+                {**backend_options, **self._worker_options(backend)},
             )
+
+    def _check_worker_options(self, backend: str | None, start_method: str | None) -> None:
+        """Refuse worker options no backend of this executor could honour.
+
+        Raises:
+            ValueError: ``max_tasks_per_child`` without fork workers, or an
+                ``mp_context`` that contradicts ``backend="fork"``.
+        """
+        no_fork = start_method not in (None, "fork")
+        if backend == "fork" and no_fork:
+            raise ValueError(
+                f'backend="fork" contradicts mp_context with start method {start_method!r}; '
+                f"leave backend unset (process work then goes to loky) or use a fork context"
+            )
+        if self._max_tasks_per_child is None:
+            return
+        if backend is None and (no_fork or not current_platform().has_fork):
+            why = (
+                f"mp_context uses start method {start_method!r}"
+                if no_fork
+                else "start method 'fork' is not available here"
+            )
+            raise ValueError(
+                f"max_tasks_per_child needs fork workers (loky cannot retire one worker "
+                f"after a number of tasks), but {why}; drop max_tasks_per_child or use "
+                f"the fork start method"
+            )
+
+    def _worker_options(self, name: str) -> dict[str, Any]:
+        """The worker options set by the user, for backend ``name``'s constructor.
+
+        Raises:
+            TypeError: an initializer is set and the backend cannot run one.
+            ValueError: ``max_tasks_per_child`` is set and the backend runs
+                worker processes it cannot retire.
+        """
+        wanted: dict[str, Any] = {}
+        if self._initializer is not None:
+            wanted["initializer"] = self._initializer
+            wanted["initargs"] = self._initargs
+        if self._max_tasks_per_child is not None:
+            wanted["max_tasks_per_child"] = self._max_tasks_per_child
+        if not wanted:
+            return {}
+        factory = get_backend_class(name)
+        accepted = _accepted_options(factory)
+        if accepted is None:
+            return wanted
+        if "initializer" in wanted and "initializer" not in accepted:
+            raise TypeError(
+                f"backend {name!r} cannot run an initializer= in its workers; use "
+                f'backend="thread", "fork" or "loky", or leave backend unset'
+            )
+        if "max_tasks_per_child" in wanted and "max_tasks_per_child" not in accepted:
+            if not getattr(factory, "shares_memory", False):
+                raise ValueError(
+                    f"backend {name!r} cannot retire a worker after max_tasks_per_child="
+                    f'{self._max_tasks_per_child} tasks; use backend="fork" or leave '
+                    f"backend unset"
+                )
+            del wanted["max_tasks_per_child"]  # threads and inline are no processes
+        return wanted
+
+    def _broken_error(self) -> BaseException | None:
+        """The error of a backend that can run nothing any more (an initializer failed)."""
+        for backend in list(self._backends.values()):
+            error = getattr(backend, "broken", None)
+            if error is not None:
+                return error  # type: ignore[no-any-return]
+        return None
+
+    @property
+    def _broken(self) -> str | bool:
+        """As the stdlib pools' ``_broken``: False, or why the executor is broken."""
+        error = self._broken_error()
+        return False if error is None else str(error)
 
     @staticmethod
     def _check_available(name: str) -> type[Backend]:
@@ -471,7 +638,8 @@ class SmartExecutor(Executor):
                 f"backend {decision.backend!r} cannot time out one task; use "
                 f'backend="fork" or backend="thread" for task_timeout'
             )
-        target = "fork" if self._platform.has_fork else "thread"
+        fork_ok = self._platform.has_fork and self._options.start_method in (None, "fork")
+        target = "fork" if fork_ok else "thread"
         return dataclasses.replace(
             decision,
             backend=target,
@@ -487,7 +655,7 @@ class SmartExecutor(Executor):
         backend = self._backends.get(name)
         if backend is None:
             backend = self._backends[name] = create_backend(
-                name, self._max_workers, self._platform.cpu_count, {}
+                name, self._max_workers, self._platform.cpu_count, self._worker_options(name)
             )
         return backend
 
@@ -653,6 +821,9 @@ class SmartExecutor(Executor):
             decision = self._with_timeout(decision, task_timeout)
             backend = self._backend(decision.backend)
         if backend.synchronous:
+            initialize = getattr(backend, "initialize", None)
+            if initialize is not None:
+                initialize()  # backend="inline" runs the initializer in this thread
             return lazy_inline(fn, inputs, self._stats.inline)
 
         # Callables shared by copy-on-write never run here: their writes to
@@ -678,6 +849,7 @@ class SmartExecutor(Executor):
             and timeout is None
             and task_timeout is None
             and not decision.share
+            and self._initializer is None
             and (gil_check or not backend.shares_memory or parallel_already)
         )
 
@@ -706,6 +878,8 @@ class SmartExecutor(Executor):
                 if timeout is not None
                 else "task_timeout given"
                 if task_timeout is not None
+                else "initializer given: every item runs in a worker that ran it"
+                if self._initializer is not None
                 else "shared by copy-on-write"
                 if decision.share and backend.copy_on_write
                 else "sent once per worker"
@@ -898,8 +1072,14 @@ class SmartExecutor(Executor):
             _check_open(self)
             target = backend.prepare(fn, decision.share)
             self._started.add(backend.name)
+            # max_tasks_per_child: a chunk holds at most that many calls, so a
+            # fresh worker can always take it (the stream re-sends the rest,
+            # as it does for a chunk stopped by its budget).
+            cap: int | None = getattr(backend, "max_tasks_per_child", None)
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
+                if cap is not None:
+                    calls = calls[:cap]
                 return _send(
                     backend,
                     target,
@@ -942,7 +1122,8 @@ class SmartExecutor(Executor):
           in the workers, re-tuned as chunks finish; workers stop a chunk that
           runs far past its expected time and the rest is re-chunked;
         * when the executor chose the backend (no ``backend=``), no
-          ``chunksize`` and no ``timeout`` are given, the first items run in
+          ``chunksize``, no ``timeout`` and no ``initializer`` are given
+          (nor a ``task_timeout``), the first items run in
           the calling thread for about 10 ms to measure them (their results
           are kept, and their side effects happen in this process); if a
           plain loop is predicted to be at least as fast, the whole map runs

@@ -72,12 +72,26 @@ class Options:
             copy-on-write where fork is available.
         stoppable: the user set a ``task_timeout``: process work goes to a
             backend that can stop one task (fork) rather than loky.
+        start_method: the start method of the user's ``mp_context``
+            (``"fork"``, ``"spawn"``, ``"forkserver"``), or None. Any but
+            ``"fork"`` turns the fork route off: process work goes to loky,
+            whose workers start as fresh interpreters.
+        retires_workers: the user set ``max_tasks_per_child``: process work
+            goes to fork, whose workers can be retired one at a time, rather
+            than loky.
+        initializer: the user set an ``initializer``: a callable whose code
+            travels by value (``__main__``, lambda, closure) is shared with
+            fork workers rather than pickled, so that it reads the globals
+            the initializer set in the worker (a pickled copy brings its own).
     """
 
     backend: str | None = None
     prefer: Literal["threads", "processes"] | None = None
     big_state_bytes: int = BIG_STATE_BYTES
     stoppable: bool = False
+    start_method: str | None = None
+    retires_workers: bool = False
+    initializer: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,16 @@ def decide(
       starts workers without forking this process;
     * with ``options.stoppable`` (a ``task_timeout``), work bound for loky
       or threads goes to fork, whose workers can be stopped one at a time
-      (:func:`stoppable`).
+      (:func:`stoppable`);
+    * with ``options.start_method`` other than ``"fork"`` (the user's
+      ``mp_context``), the table is walked as on a platform without fork:
+      process work goes to loky, and the reasons say so;
+    * with ``options.retires_workers`` (``max_tasks_per_child``), work bound
+      for loky goes to fork, whose workers are retired after that many calls;
+    * with ``options.initializer``, process work whose code travels by value
+      goes to fork, shared (inherited, not pickled): a pickled copy of a
+      function reads its own copy of its module's globals, not the worker's
+      that the initializer set.
 
     Args:
         profile: what the callable is (see :func:`smartexec.inspection.inspect_callable`).
@@ -169,7 +192,22 @@ def decide(
     Returns:
         A :class:`Decision` whose ``reasons`` say why, in order.
     """
+    fork_off = options.start_method not in (None, "fork") and platform.has_fork
+    if fork_off:
+        with_fork = _decide(profile, platform, options, measured)
+        platform = replace(
+            platform, start_methods=tuple(m for m in platform.start_methods if m != "fork")
+        )
     decision = _decide(profile, platform, options, measured)
+    if fork_off and with_fork.backend == "fork" and decision.backend != "fork":
+        decision = replace(
+            decision,
+            reasons=(
+                *decision.reasons,
+                f"mp_context uses start method {options.start_method!r}: process work goes "
+                f"to loky, whose workers start as fresh interpreters, not to fork workers",
+            ),
+        )
     if (
         other_threads > 0
         and options.backend is None
@@ -210,6 +248,42 @@ def decide(
                 "already use the cores, so this nested work runs inline",
             ),
         )
+    if (
+        options.retires_workers
+        and options.backend is None
+        and decision.backend == "loky"
+        and platform.has_fork
+    ):
+        decision = replace(
+            decision,
+            backend="fork",
+            reasons=(
+                *decision.reasons,
+                "max_tasks_per_child is set: fork workers (which send code by value with "
+                "cloudpickle too) are retired after that many calls; loky's cannot be",
+            ),
+        )
+    if (
+        options.initializer
+        and options.backend in (None, "fork")
+        and decision.backend in ("fork", "loky")
+        and not decision.share
+        and not profile.by_reference
+        and platform.has_fork
+    ):
+        decision = replace(
+            decision,
+            backend="fork",
+            share=True,
+            measure=False,
+            reasons=(
+                *decision.reasons,
+                "an initializer is set and this callable's code travels by value: a pickled "
+                "copy would read its own copy of its module's globals, never what the "
+                "initializer set in the worker; fork workers inherit the callable instead "
+                "(by copy-on-write), so it reads the worker's globals",
+            ),
+        )
     if options.stoppable:
         return stoppable(decision, platform, options)
     return decision
@@ -222,8 +296,8 @@ def stoppable(decision: Decision, platform: Platform, options: Options) -> Decis
     or for threads (a thread cannot be stopped at all: a stuck call would
     run on, and shutdown would wait for it) goes to fork, which also sends
     code by value with cloudpickle. Unchanged when ``options.backend`` was
-    given, when threads were asked for (``prefer="threads"``), or where
-    fork is missing.
+    given, when threads were asked for (``prefer="threads"``), where fork
+    is missing, or where the user's ``mp_context`` chose another start method.
 
     Args:
         decision: the decision without a ``task_timeout``.
@@ -234,7 +308,11 @@ def stoppable(decision: Decision, platform: Platform, options: Options) -> Decis
         A :class:`Decision`: ``decision`` itself, or a copy on ``"fork"`` with
         one more reason.
     """
-    if options.backend is not None or not platform.has_fork:
+    if (
+        options.backend is not None
+        or not platform.has_fork
+        or options.start_method not in (None, "fork")
+    ):
         return decision
     if decision.backend == "loky":
         why = (

@@ -39,6 +39,10 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "smartexec.backends"
 
+#: Keyword arguments a backend may take that are ``SmartExecutor``'s own
+#: (passed only when the user sets them), not backend options.
+WORKER_OPTIONS = ("initializer", "initargs", "max_tasks_per_child")
+
 #: name -> (import path, install hint, where it came from)
 _BUILTIN: dict[str, tuple[str, str]] = {
     "inline": ("smartexec.backends.inline:InlineBackend", ""),
@@ -210,7 +214,10 @@ def create_backend(
         max_workers: workers (int >= 1), or None for the backend's default.
         cpu_count: CPUs this process may use.
         options: backend options (keyword arguments for the factory), e.g.
-            ``{"address": "tcp://10.0.0.5:8786"}`` for ``"dask"``.
+            ``{"address": "tcp://10.0.0.5:8786"}`` for ``"dask"``, and the
+            worker options the user set on ``SmartExecutor`` that the backend
+            takes (:data:`WORKER_OPTIONS`: ``initializer``, ``initargs``,
+            ``max_tasks_per_child``; see :class:`~smartexec.backends.Backend`).
 
     Returns:
         The new backend; the caller owns it and must shut it down.
@@ -235,6 +242,8 @@ def create_backend(
         accepted = _accepted_options(factory)
         unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
         if unknown:
+            # Worker options are SmartExecutor's arguments: not listed as options.
+            accepted = tuple(o for o in accepted or () if o not in WORKER_OPTIONS)
             takes = (
                 "it takes " + ", ".join(f"{o}=" for o in accepted)
                 if accepted

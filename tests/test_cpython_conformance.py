@@ -50,8 +50,10 @@ def _stdlib_tests() -> types.SimpleNamespace:
             return importlib.import_module(f"{_cf.__name__}.{name}")
 
         util, shutdown = module("util"), module("test_shutdown")
-        wait = module("test_wait")
+        wait, init = module("test_wait"), module("test_init")
         return types.SimpleNamespace(
+            InitializerMixin=init.InitializerMixin,
+            FailingInitializerMixin=init.FailingInitializerMixin,
             ExecutorMixin=util.ExecutorMixin,
             BaseTestCase=util.BaseTestCase,
             ExecutorTest=module("executor").ExecutorTest,
@@ -64,6 +66,8 @@ def _stdlib_tests() -> types.SimpleNamespace:
             sleep_and_print_module=shutdown.__name__,
         )
     return types.SimpleNamespace(  # a single module (e.g. 3.10)
+        InitializerMixin=_cf.InitializerMixin,
+        FailingInitializerMixin=_cf.FailingInitializerMixin,
         ExecutorMixin=_cf.ExecutorMixin,
         BaseTestCase=_cf.BaseTestCase,
         ExecutorTest=_cf.ExecutorTest,
@@ -92,12 +96,14 @@ CHILD_TIMEOUT_S = 20.0
 #: thread futures and fork futures together; "thread" skips WaitTests. loky
 #: starts fresh interpreters (about a second per executor, and every test builds
 #: a new executor), so it runs the two mixins that exercise the executor itself
-#: rather than the futures it returns.
+#: rather than the futures it returns. The initializer mixins (test_init.py)
+#: run on every route: an initializer runs in every kind of worker.
+_INIT = ("InitializerMixin", "FailingInitializerMixin")
 PLAN: dict[str | None, tuple[str, ...]] = {
-    None: ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest"),
-    "thread": ("ExecutorTest", "AsCompletedTests", "ExecutorShutdownTest"),
-    "fork": ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest"),
-    "loky": ("ExecutorTest", "ExecutorShutdownTest"),
+    None: ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
+    "thread": ("ExecutorTest", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
+    "fork": ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
+    "loky": ("ExecutorTest", "ExecutorShutdownTest", *_INIT),
 }
 
 _PROCESS_ROUTES = frozenset({None, "fork", "loky"})
@@ -152,9 +158,9 @@ EXCLUDED: dict[str, str] = {
     "ProcessPoolExecutorTest.test_saturation": "counts executor._processes",
     "ProcessPoolExecutorTest.test_idle_process_reuse_one": "counts executor._processes",
     "ProcessPoolExecutorTest.test_idle_process_reuse_multiple": "counts executor._processes",
-    "ProcessPoolExecutorTest.test_max_tasks_per_child": "max_tasks_per_child is a ProcessPoolExecutor-only argument",
-    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context": "max_tasks_per_child / executor._mp_context are ProcessPoolExecutor-only",
-    "ProcessPoolExecutorTest.test_max_tasks_early_shutdown": "max_tasks_per_child is a ProcessPoolExecutor-only argument",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child": "expects the fork start method to refuse max_tasks_per_child (ours honours it) and counts executor._processes; tests/test_initializer.py checks the replacement by worker pid",
+    "ProcessPoolExecutorTest.test_max_tasks_per_child_defaults_to_spawn_context": "reads executor._mp_context; ours keeps fork workers for max_tasks_per_child (docs/reliability.md)",
+    "ProcessPoolExecutorTest.test_max_tasks_early_shutdown": "skips itself under the fork start method; the same scenario runs on fork workers in tests/test_initializer.py",
     "ProcessPoolExecutorTest.test_python_finalization_error": "patches threading._start_joinable_thread to break ProcessPoolExecutor's manager thread",
     # ThreadPoolShutdownTest / ProcessPoolShutdownTest (test_shutdown.py)
     "ThreadPoolShutdownTest.test_threads_terminate": "joins executor._threads",
@@ -169,7 +175,7 @@ EXCLUDED: dict[str, str] = {
     "ProcessPoolShutdownTest.test_del_shutdown": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
     "ProcessPoolShutdownTest.test_shutdown_no_wait": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
     # Whole classes
-    "InitializerMixin / FailingInitializerMixin (test_init.py)": "initializer/initargs are pool-constructor arguments SmartExecutor does not take",
+    "FailingInitializerResourcesTest (test_init.py)": "runs the stdlib's own ProcessPool*FailingInitializerTest classes and stops multiprocessing's resource tracker",
     "ExecutorDeadlockTest (test_deadlock.py)": "ProcessPoolExecutor's BrokenProcessPool-on-crash contract and its internals",
     "FutureTests (test_future.py)": "tests the Future class itself, not an executor",
 }
@@ -350,7 +356,7 @@ def _make_classes() -> dict[str, type]:
                     namespace["_test_traceback"] = source.__dict__["_test_traceback"]
                     test = _borrowed_traceback_test(test)
                 namespace[test_name] = test
-            short = mixin_name.removesuffix("Tests").removesuffix("Test")
+            short = mixin_name.removesuffix("Mixin").removesuffix("Tests").removesuffix("Test")
             name = f"Smart{_route_label(backend)}{short}Test"
             made[name] = type(name, bases, namespace)
     return made

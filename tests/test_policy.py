@@ -157,3 +157,55 @@ def test_no_fork_reasons_say_the_state_is_sent_once():
     assert "'fork' is not available" in text
     assert "sent once to each worker" in text and "shared memory" in text
     assert "proven unchanged" in text  # issue 13: never a stale copy
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "prof",
+    [profile("function"), profile("bound_method", state=BIG), profile("closure", state=LOCKED)],
+)
+def test_mp_context_without_fork_turns_the_fork_route_off(prof, method):
+    decision = decide(prof, LINUX, Options(start_method=method))
+    assert decision.backend == "loky", str(decision)
+    assert any(f"mp_context uses start method {method!r}" in r for r in decision.reasons)
+    # and a task_timeout does not bring fork back
+    stopped = decide(prof, LINUX, Options(start_method=method, stoppable=True))
+    assert stopped.backend == "loky", str(stopped)
+
+
+def test_mp_context_fork_changes_nothing():
+    for prof in (profile("function"), profile("lambda", by_reference=False, state=SMALL)):
+        assert decide(prof, LINUX, Options(start_method="fork")) == decide(prof, LINUX, Options())
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_max_tasks_per_child_moves_loky_work_to_fork(threads):
+    lam = profile("lambda", by_reference=False, state=SMALL)
+    decision = decide(lam, LINUX, Options(retires_workers=True), other_threads=threads)
+    assert decision.backend == "fork", str(decision)
+    assert "max_tasks_per_child" in decision.reasons[-1]
+    fn = decide(profile("function"), LINUX, Options(retires_workers=True), other_threads=threads)
+    assert fn.backend == "fork", str(fn)
+    # threads are not processes: thread-bound work stays
+    hinted = profile("builtin", gil_hint="sleeps")
+    assert decide(hinted, LINUX, Options(retires_workers=True)).backend == "thread"
+
+
+@pytest.mark.parametrize(
+    "prof",
+    [
+        profile("main", by_reference=False, state=SMALL),
+        profile("lambda", by_reference=False, state=SMALL),
+        profile("closure", by_reference=False, state=SMALL),
+    ],
+)
+def test_with_an_initializer_by_value_code_is_inherited_by_fork_workers(prof):
+    decision = decide(prof, LINUX, Options(initializer=True))
+    assert (decision.backend, decision.share) == ("fork", True), str(decision)
+    assert "initializer" in decision.reasons[-1]
+    forced = decide(prof, LINUX, Options(initializer=True, backend="fork"))
+    assert forced.share, str(forced)
+    # an importable function is pickled by reference: it finds the worker's globals
+    assert not decide(profile("function"), LINUX, Options(initializer=True)).share
+    # without fork, nothing to inherit from
+    assert decide(prof, LINUX, Options(initializer=True, start_method="spawn")).backend == "loky"

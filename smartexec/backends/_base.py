@@ -10,6 +10,7 @@ Life of a backend, as ``SmartExecutor`` drives it::
 
     Backend(max_workers, cpu_count, **options)   # once, on first use (or at once,
                                                  # for the backend named by backend=)
+    broken                                       # read before each submit / map
     prepare(fn, share) -> target                 # once per submit() / map()
     submit_chunk(target, chunk, budget_s)        # once per chunk, from any thread
     describe(fn), refresh(fn)                    # explain() / refresh()
@@ -62,6 +63,15 @@ class Backend(abc.ABC):
         cpu_count: CPUs this process may use (cgroups and affinity taken into
             account), for the default.
 
+    *Worker options* are passed as keyword arguments only when the user sets
+    them on ``SmartExecutor``, and only to backends whose signature names
+    them: ``initializer`` and ``initargs`` (run ``initializer(*initargs)``
+    once in each worker before its first chunk; when it raises, set
+    :attr:`broken` and fail the pending chunks with it) and
+    ``max_tasks_per_child`` (a worker process runs at most that many calls,
+    then is replaced). The executor refuses to start a backend that cannot
+    honour one that is set.
+
     Subclasses may take more keyword arguments (*backend options*): the user
     passes them to ``SmartExecutor(backend="name", option=...)``, which checks
     their names against this signature before calling it, and raises a
@@ -83,6 +93,17 @@ class Backend(abc.ABC):
         self.max_workers = (
             max_workers if max_workers is not None else self.default_workers(cpu_count)
         )
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why this backend can run nothing any more, or None while it can.
+
+        Set (by backends that take an ``initializer``) once the initializer
+        raised in a worker: an :class:`~smartexec.errors.InitializerError`.
+        ``SmartExecutor`` then raises a copy from ``submit`` and ``map``, as
+        a broken stdlib pool does. The default is None.
+        """
+        return None
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:

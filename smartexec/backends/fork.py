@@ -53,13 +53,13 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from .. import _fingerprint, trampoline, transport
+from .. import _fingerprint, _initializer, trampoline, transport
 from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult
 from .._system import mark_worker_process
-from ..errors import RemoteError, TaskTimeoutError, WorkerCrashedError
+from ..errors import InitializerError, RemoteError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -113,7 +113,14 @@ def _quiesced() -> Iterator[None]:
                 pool.resume()
 
 
-def _worker_main(conn: Any, parent_pid: int, owner_pid: int) -> None:
+def _worker_main(
+    conn: Any,
+    parent_pid: int,
+    owner_pid: int,
+    initializer: Callable[..., Any] | None = None,
+    initargs: tuple[Any, ...] = (),
+    ctl: socket.socket | None = None,
+) -> None:
     """Worker loop (runs in the forked child): receive a chunk, run it, reply.
 
     Its BLAS thread cap comes from the zygote (see :func:`_zygote_main`).
@@ -121,9 +128,27 @@ def _worker_main(conn: Any, parent_pid: int, owner_pid: int) -> None:
     ``parent_pid`` is the zygote's (the worker exits when it is gone);
     ``owner_pid`` the executor's process, which owns the shared-memory
     segments of the replies (:mod:`smartexec._shm`).
+
+    ``initializer(*initargs)`` runs first, here, after the fork (never in the
+    zygote). When it raises, the worker sends ``I<pid> <traceback>`` on
+    ``ctl`` (the zygote's end, which reaches the parent's dispatcher) and
+    exits without taking a chunk. ``ctl`` is closed before the loop.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark_worker_process()
+    try:
+        if initializer is not None:
+            try:
+                initializer(*initargs)
+            except BaseException as exc:
+                if ctl is not None:
+                    text = _initializer.traceback_text(exc).encode("utf-8", "replace")
+                    with contextlib.suppress(OSError):
+                        ctl.send(b"I%d " % os.getpid() + text)
+                return
+    finally:
+        if ctl is not None:
+            ctl.close()
     while True:
         try:
             if not conn.poll(PARENT_CHECK_S):
@@ -144,7 +169,13 @@ def _worker_main(conn: Any, parent_pid: int, owner_pid: int) -> None:
 
 
 def _zygote_main(
-    ctl: socket.socket, parent_end: int, parent_pid: int, blas_threads: int, blas: Any
+    ctl: socket.socket,
+    parent_end: int,
+    parent_pid: int,
+    blas_threads: int,
+    blas: Any,
+    initializer: Callable[..., Any] | None = None,
+    initargs: tuple[Any, ...] = (),
 ) -> None:
     """The zygote (runs in a child forked once per pool): forks the pool's workers.
 
@@ -158,6 +189,9 @@ def _zygote_main(
     * parent -> zygote: ``Q``: the pool is stopping.
     * zygote -> parent: ``P<ident> <pid>`` once forked; ``X<pid> <exitcode>``
       when a worker exits (negative: killed by that signal).
+    * worker -> parent: ``I<pid> <traceback>`` when ``initializer`` raised in
+      that worker (it runs in each worker after its fork, see
+      :func:`_worker_main`), just before the worker exits.
 
     On ``Q``, on end-of-file, or once the parent is gone (checked every
     :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
@@ -231,11 +265,12 @@ def _zygote_main(
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                ctl.close()
                 os.close(wake_r)
                 os.close(wake_w)
                 conn = multiprocessing.connection.Connection(worker_fd)
-                _worker_main(conn, zygote_pid, parent_pid)
+                # ctl stays open through the initializer (to report its
+                # failure); _worker_main closes it before the loop.
+                _worker_main(conn, zygote_pid, parent_pid, initializer, initargs, ctl)
             except BaseException:
                 code = 1
             finally:
@@ -292,7 +327,7 @@ class _Task:
 
 
 class _Worker:
-    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost")
+    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost", "calls")
 
     def __init__(self, ident: int, conn: Any):
         self.ident = ident
@@ -301,6 +336,7 @@ class _Worker:
         self.task: _Task | None = None
         self.deadline: float | None = None  # time.monotonic() when its chunk times out
         self.lost = False  # its pipe closed: it is exiting; its exit code is on the way
+        self.calls = 0  # calls sent to it, for max_tasks_per_child
 
     def kill(self) -> None:
         if self.pid is not None:
@@ -317,6 +353,14 @@ class _ForkPool:
         max_workers: workers to fork.
         live_objects: returns token -> object for every shared callable still
             alive; called (under the backend's lock) before each fork.
+        blas_threads: BLAS threads per worker.
+        initializer: run as ``initializer(*initargs)`` in each worker after
+            its fork, before its first chunk (None: nothing).
+        initargs: its arguments; inherited by the zygote, never pickled.
+        max_tasks_per_child: calls a worker may run before it is replaced
+            (None: no limit). A chunk that would take a worker past it goes
+            to a fresh worker (the executor sends chunks of at most this many).
+        box: where a failed initializer is recorded (shared with the backend).
     """
 
     def __init__(
@@ -324,8 +368,18 @@ class _ForkPool:
         max_workers: int,
         live_objects: Callable[[], Mapping[int, Any]],
         blas_threads: int = 1,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_child: int | None = None,
+        box: _initializer.Breakage | None = None,
     ):
         self._ctx = multiprocessing.get_context("fork")
+        self._initializer_name = (
+            _initializer.name_of(initializer) if initializer is not None else ""
+        )
+        self._max_tasks = max_tasks_per_child
+        self._box = box if box is not None else _initializer.Breakage()
         self._blas_threads = blas_threads
         self._live_objects = live_objects
         self._pid = os.getpid()
@@ -351,7 +405,15 @@ class _ForkPool:
         self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._zygote = self._ctx.Process(
             target=_zygote_main,
-            args=(zygote_end, self._ctl.fileno(), os.getpid(), blas_threads, controller_for_fork()),
+            args=(
+                zygote_end,
+                self._ctl.fileno(),
+                os.getpid(),
+                blas_threads,
+                controller_for_fork(),
+                initializer,
+                initargs,
+            ),
             name="smartexec-fork-zygote",
         )
         with _quiesced(), trampoline.forking(objects):
@@ -383,6 +445,7 @@ class _ForkPool:
     ) -> Future[ChunkResult]:
         future: Future[ChunkResult] = Future()
         with self._lock:
+            self._box.raise_if_broken()
             if self._closing:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._queue.append(_Task(future, payload, keepalive, name, timeout_s, items))
@@ -502,9 +565,9 @@ class _ForkPool:
         return _Worker(ident, parent_conn)
 
     def _read_ctl(self) -> None:
-        """Handle one message from the zygote: a worker forked, or one exited."""
+        """Handle one message from the zygote (a worker forked, or one exited) or a worker."""
         try:
-            message = self._ctl.recv(256)
+            message = self._ctl.recv(2 * _initializer.MAX_TRACEBACK_CHARS + 64)
         except OSError:
             message = b""
         if not message:
@@ -512,6 +575,10 @@ class _ForkPool:
                 f"the fork pool's zygote process (pid {self._zygote.pid}) died with "
                 f"{_exit_description(self._zygote.exitcode)}"
             )
+        if message[:1] == b"I":
+            pid_text, _, text = message[1:].partition(b" ")
+            self._initializer_failed(int(pid_text), text.decode("utf-8", "replace"))
+            return
         first, second = message[1:].split()
         if message[:1] == b"P":
             ident, pid = int(first), int(second)
@@ -536,6 +603,33 @@ class _ForkPool:
         finally:
             if not self._paused:
                 self._stop_workers()
+
+    def _initializer_failed(self, pid: int, text: str) -> None:
+        """A worker's initializer raised: break the pool as the stdlib's breaks.
+
+        Every chunk not finished fails with the error (which names the
+        initializer and chains the worker's traceback), the failure is
+        logged as the stdlib logs it, and no new chunk is taken.
+        """
+        error = _initializer.process_failure(
+            self._initializer_name, "fork", f"fork worker process (pid {pid})", text
+        )
+        if self._box.record(error):
+            _initializer.log_failure(error)
+        self._break(self._box.error or error)
+
+    def _break(self, error: InitializerError) -> None:
+        with self._lock:
+            self._closing = True
+            tasks = [*self._unsent, *self._queue]
+            self._unsent.clear()
+            self._queue.clear()
+        tasks += [w.task for w in self._workers if w.task is not None]
+        for worker in self._workers:
+            worker.task, worker.deadline = None, None
+        for task in tasks:
+            if task.future.running() or task.future.set_running_or_notify_cancel():
+                task.future.set_exception(error)
 
     def _fail_all(self, cause: BaseException) -> None:
         with self._lock:
@@ -619,13 +713,34 @@ class _ForkPool:
                     return task
         return None
 
+    def _retire(self, worker: _Worker) -> None:
+        """Ask an idle worker to exit (max_tasks_per_child); _bury forks its replacement."""
+        with contextlib.suppress(OSError):
+            worker.conn.send_bytes(b"")
+        worker.lost = True  # no chunk goes to it; the zygote reports its exit
+
     def _dispatch(self) -> None:
         for worker in self._workers:
             if worker.task is not None or worker.lost or worker.pid is None:
                 continue
+            if self._max_tasks is not None and worker.calls >= self._max_tasks:
+                self._retire(worker)  # done its share: go now, freeing its memory
+                continue
             task = self._next_task()
             if task is None:
                 return
+            if (
+                self._max_tasks is not None
+                and worker.calls > 0
+                and worker.calls + task.items > self._max_tasks
+            ):
+                # max_tasks_per_child: the chunk would take this worker past
+                # its share; a fresh worker takes it instead.
+                with self._lock:
+                    self._unsent.appendleft(task)
+                self._retire(worker)
+                continue
+            worker.calls += task.items
             worker.task = task
             try:
                 worker.conn.send_bytes(task.payload)
@@ -780,6 +895,20 @@ class ForkBackend(Backend):
     and all arguments are pickled by :mod:`smartexec.transport` (cloudpickle,
     protocol 5): numpy buffers of 1 MiB or more, both ways, through shared
     memory; an argument object repeated across calls, once.
+
+    Args:
+        max_workers: worker processes (None: one per CPU).
+        cpu_count: CPUs this process may use.
+        initializer: run as ``initializer(*initargs)`` once in each worker
+            process, after its fork and before its first chunk (replacement
+            workers too); None runs nothing. It and ``initargs`` reach the
+            workers by inheritance, never pickled. When it raises, the
+            backend is broken (:attr:`broken`): pending and later chunks fail
+            with :class:`~smartexec.errors.ProcessInitializerError`, a
+            ``BrokenProcessPool``.
+        initargs: the initializer's arguments (tuple).
+        max_tasks_per_child: calls (not chunks) a worker process may run
+            before it exits and is replaced (int >= 1); None: no limit.
     """
 
     name = "fork"
@@ -791,8 +920,20 @@ class ForkBackend(Backend):
     worker_startup_s = 0.004
     chunk_overhead_s = 150e-6
 
-    def __init__(self, max_workers: int | None, cpu_count: int):
+    def __init__(
+        self,
+        max_workers: int | None,
+        cpu_count: int,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_child: int | None = None,
+    ):
         super().__init__(max_workers, cpu_count)
+        self._initargs = _initializer.check(initializer, initargs)
+        self._initializer = initializer
+        self.max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
+        self._box = _initializer.Breakage()
         self._cpu_count = cpu_count
         self._lock = threading.RLock()
         self._entries: dict[Hashable, _Entry] = {}
@@ -803,6 +944,11 @@ class ForkBackend(Backend):
         #: Orders calls and forks: a pool born after a call's epoch forked
         #: after that call, so its snapshot is at least as new as the call.
         self._epochs = itertools.count(1)
+
+    @property
+    def broken(self) -> InitializerError | None:
+        """The error of the initializer that failed in a worker, or None."""
+        return self._box.error
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -915,6 +1061,7 @@ class ForkBackend(Backend):
         old pool's queued chunks. A new pool records ``digest`` for ``token``.
         """
         with self._lock:
+            self._box.raise_if_broken()
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             pool = self._pool
@@ -936,6 +1083,10 @@ class ForkBackend(Backend):
                     self.max_workers,
                     self._live_objects,
                     threads_per_worker(self._cpu_count, self.max_workers),
+                    initializer=self._initializer,
+                    initargs=self._initargs,
+                    max_tasks_per_child=self.max_tasks_per_child,
+                    box=self._box,
                 )
                 pool.born = born
                 if token is not None and digest is not None:

@@ -25,18 +25,18 @@ chunk would pickle the whole object.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from .. import transport
+from .. import _initializer, transport
 from .._blas import thread_env, threads_per_worker
 from .._diagnose import pickling_error
 from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult
 from .._system import WORKER_ENV
-from ..errors import RemoteError
+from ..errors import InitializerError, RemoteError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -91,6 +91,20 @@ class LokyBackend(Backend):
     cached there (:class:`smartexec.transport.ObjectCache`), as is an argument
     object seen again within a few calls; big numpy buffers travel through
     shared memory.
+
+    Args:
+        max_workers: worker processes (None: one per CPU).
+        cpu_count: CPUs this process may use.
+        initializer: run as ``initializer(*initargs)`` once in each loky
+            worker before its first chunk (loky's own ``initializer``; both
+            are pickled with cloudpickle). When it raises, the backend is
+            broken (:attr:`broken`): the chunks that reach that worker, and
+            later ones, fail with
+            :class:`~smartexec.errors.ProcessInitializerError`.
+        initargs: the initializer's arguments (tuple).
+
+    loky cannot retire one worker after a number of tasks, so this backend
+    takes no ``max_tasks_per_child`` (the executor sends such work to fork).
     """
 
     name = "loky"
@@ -100,8 +114,23 @@ class LokyBackend(Backend):
     worker_startup_s = 0.1
     chunk_overhead_s = 250e-6
 
-    def __init__(self, max_workers: int | None, cpu_count: int):
+    def __init__(
+        self,
+        max_workers: int | None,
+        cpu_count: int,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+    ):
         super().__init__(max_workers, cpu_count)
+        self._initargs = _initializer.check(initializer, initargs)
+        self._initializer = initializer
+        self._box = _initializer.Breakage()
+        # What a worker runs per chunk: with an initializer, a wrapper that
+        # fails the chunk when the worker's initializer failed.
+        self._serve: Callable[[bytes], bytes] = (
+            transport.serve_request if initializer is None else _initializer.serve_loky
+        )
         self._blas_threads = threads_per_worker(cpu_count, self.max_workers)
         self._pool: Any = None  # created at the first chunk: a map may run inline
         # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
@@ -114,9 +143,22 @@ class LokyBackend(Backend):
         from loky import ProcessPoolExecutor
 
         # loky sets the environment before the worker imports anything.
+        init: dict[str, Any] = {}
+        if self._initializer is not None:
+            init = {
+                "initializer": _initializer.start_loky_worker,
+                "initargs": (self._initializer, self._initargs),
+            }
         return ProcessPoolExecutor(
-            max_workers=self.max_workers, env={**thread_env(self._blas_threads), WORKER_ENV: "1"}
+            max_workers=self.max_workers,
+            env={**thread_env(self._blas_threads), WORKER_ENV: "1"},
+            **init,
         )
+
+    @property
+    def broken(self) -> InitializerError | None:
+        """The error of the initializer that failed in a worker, or None."""
+        return self._box.error
 
     def prepare(self, fn: Any, share: bool) -> Any:
         """Return ``fn``, or, with ``share``, a marker that sends it once per worker.
@@ -155,7 +197,7 @@ class LokyBackend(Backend):
             raise pickling_error(user_fn, chunk, exc, self.name) from exc
         try:
             try:
-                inner = pool.submit(transport.serve_request, payload)
+                inner = pool.submit(self._serve, payload)
             except BrokenProcessPool:
                 # A worker died earlier and loky broke the pool: replace it once.
                 broken = pool
@@ -164,7 +206,7 @@ class LokyBackend(Backend):
                         self._pool = self._new_pool()
                     pool = self._pool
                 broken.shutdown(wait=False, kill_workers=True)
-                inner = pool.submit(transport.serve_request, payload)
+                inner = pool.submit(self._serve, payload)
         except BaseException:
             lease.release()
             raise
@@ -177,6 +219,10 @@ class LokyBackend(Backend):
     def _forget(self, future: Future[ChunkResult]) -> None:
         with self._lock:
             self._pending.discard(future)
+        if self._initializer is not None and not future.cancelled():
+            error = future.exception()
+            if isinstance(error, InitializerError) and self._box.record(error):
+                _initializer.log_failure(error)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

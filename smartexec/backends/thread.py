@@ -9,19 +9,65 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
+from .. import _initializer
 from .._remote import Call, ChunkResult, run_chunk
-from ..errors import TaskTimeoutError
+from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ._base import Backend
 
 __all__ = ["ThreadBackend"]
 
 
+class _ThreadInit:
+    """The pool's initializer: runs the user's; on failure, records and logs it.
+
+    It does not re-raise: the stdlib pool would then fail its queued work
+    with a ``BrokenThreadPool`` that names nothing (and, on some versions,
+    race with a map cancelling that work). Each chunk checks the record
+    instead (:func:`_run_checked`), so the pool's threads fail every chunk
+    with the error that names the initializer.
+    """
+
+    def __init__(self, initializer: Callable[..., Any], initargs: tuple[Any, ...], box: Any):
+        self.initializer = initializer
+        self.initargs = initargs
+        self.box = box
+
+    def __call__(self) -> None:
+        try:
+            self.initializer(*self.initargs)
+        except BaseException as exc:
+            name = _initializer.name_of(self.initializer)
+            error = ThreadInitializerError(
+                _initializer.message(
+                    name,
+                    f"worker thread {threading.current_thread().name}",
+                    f"{type(exc).__qualname__}: {exc}",
+                ),
+                initializer=name,
+                backend="thread",
+            )
+            error.__cause__ = exc
+            if self.box.record(error):
+                _initializer.log_failure(error)
+
+
 class ThreadBackend(Backend):
-    """Runs chunks on a thread pool owned by this backend."""
+    """Runs chunks on a thread pool owned by this backend.
+
+    Args:
+        max_workers: threads (None: ``min(32, cpu_count + 4)``).
+        cpu_count: CPUs this process may use.
+        initializer: called as ``initializer(*initargs)`` once in each thread
+            before its first chunk (None: nothing). When it raises, the
+            backend is broken (:attr:`broken`): pending and later chunks fail
+            with :class:`~smartexec.errors.ThreadInitializerError`, a
+            ``BrokenThreadPool``.
+        initargs: the initializer's arguments (tuple).
+    """
 
     name = "thread"
     shares_memory = True
@@ -30,8 +76,18 @@ class ThreadBackend(Backend):
     worker_startup_s = 0.0005
     chunk_overhead_s = 20e-6
 
-    def __init__(self, max_workers: int | None, cpu_count: int):
+    def __init__(
+        self,
+        max_workers: int | None,
+        cpu_count: int,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+    ):
         super().__init__(max_workers, cpu_count)
+        self._initargs = _initializer.check(initializer, initargs)
+        self._initializer = initializer
+        self._box = _initializer.Breakage()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pending = 0  # chunks submitted and not finished
@@ -40,11 +96,18 @@ class ThreadBackend(Backend):
 
     def _take_pool(self) -> ThreadPoolExecutor:
         with self._lock:
+            self._box.raise_if_broken()
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    self.max_workers, thread_name_prefix="smartexec-thread"
+                    self.max_workers,
+                    thread_name_prefix="smartexec-thread",
+                    initializer=(
+                        None
+                        if self._initializer is None
+                        else _ThreadInit(self._initializer, self._initargs, self._box)
+                    ),
                 )
             self._pending += 1
             return self._pool
@@ -65,6 +128,11 @@ class ThreadBackend(Backend):
                 self._pool = None
         if pool is not None:
             pool.shutdown(wait=True)
+
+    @property
+    def broken(self) -> InitializerError | None:
+        """The error of the initializer that failed in a thread, or None."""
+        return self._box.error
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:
@@ -87,13 +155,17 @@ class ThreadBackend(Backend):
         (holding that worker) until it returns; its result is dropped.
         """
         pool = self._take_pool()
+        box = None if self._initializer is None else self._box
         try:
             if timeout_s is None:
-                future = pool.submit(run_chunk, fn, chunk, False, budget_s)
+                if box is None:
+                    future = pool.submit(run_chunk, fn, chunk, False, budget_s)
+                else:
+                    future = pool.submit(_run_checked, box, fn, chunk, budget_s)
                 future.add_done_callback(self._finished)
                 return future
             outer: Future[ChunkResult] = Future()
-            inner = pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s)
+            inner = pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s, box)
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
             raise
@@ -118,14 +190,30 @@ def release_idle_thread_pools() -> None:
         backend.release_idle()
 
 
+def _run_checked(
+    box: _initializer.Breakage, fn: Any, chunk: Sequence[Call], budget_s: float | None
+) -> ChunkResult:
+    """Run a chunk in a pool thread, unless the initializer failed.
+
+    Raises:
+        ThreadInitializerError: the initializer raised (in this thread or another).
+    """
+    box.raise_if_broken()
+    return run_chunk(fn, chunk, False, budget_s)
+
+
 def _run_with_deadline(
     outer: Future[ChunkResult],
     fn: Any,
     chunk: Sequence[Call],
     budget_s: float | None,
     timeout_s: float,
+    box: _initializer.Breakage | None = None,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
+        return
+    if box is not None and box.error is not None:
+        outer.set_exception(box.error.again())
         return
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
 
