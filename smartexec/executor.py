@@ -463,7 +463,8 @@ class SmartExecutor(Executor):
         """
         if task_timeout is None:
             return decision
-        decision = stoppable(decision, self._platform, self._options)
+        threads = _other_threads()
+        decision = stoppable(decision, self._platform, self._options, threads)
         if _takes_timeouts(get_backend_class(decision.backend)):
             return decision
         if self._options.backend is not None:
@@ -471,7 +472,7 @@ class SmartExecutor(Executor):
                 f"backend {decision.backend!r} cannot time out one task; use "
                 f'backend="fork" or backend="thread" for task_timeout'
             )
-        target = "fork" if self._platform.has_fork else "thread"
+        target = "fork" if self._platform.has_fork and not threads else "thread"
         return dataclasses.replace(
             decision,
             backend=target,
@@ -510,6 +511,7 @@ class SmartExecutor(Executor):
             TypeError: ``fn`` is not callable.
         """
         decision, estimate = self._route(fn)
+        decision = self._with_timeout(decision, self._task_timeout)
         with self._lock:
             running = self._backends.get(decision.backend)
         notes = list(running.describe(fn)) if running is not None else []

@@ -157,3 +157,21 @@ def test_no_fork_reasons_say_the_state_is_sent_once():
     assert "'fork' is not available" in text
     assert "sent once to each worker" in text and "shared memory" in text
     assert "refresh" in text
+
+
+@pytest.mark.parametrize(
+    "prof, backend, share",
+    [
+        (profile("function"), "thread", False),  # fork -> loky (threads) -> thread (timeout)
+        (profile("lambda", by_reference=False, state=SMALL), "thread", False),
+        (profile("builtin", gil_hint="sleeps"), "thread", False),
+        (profile("bound_method", state=BIG), "fork", True),  # a zygote forks: safe
+    ],
+)
+def test_task_timeout_never_forks_the_users_threads(prof, backend, share):
+    """Issue 13: stoppable() moved work that decide() had kept off fork back to fork."""
+    decision = decide(prof, LINUX, Options(stoppable=True), other_threads=1)
+    assert (decision.backend, decision.share) == (backend, share), str(decision)
+    if backend == "thread" and prof.kind != "builtin":
+        assert "cannot stop the call" in decision.reasons[-1]
+    assert decide(prof, LINUX, Options(stoppable=True)).backend == "fork"
