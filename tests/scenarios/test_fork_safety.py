@@ -166,3 +166,37 @@ def test_task_timeout_with_the_users_threads_never_forks_and_explain_says_so(whe
     finally:
         stop.set()
         holder.join(10)
+
+
+@pytest.mark.timeout(120)
+def test_hundreds_of_fork_workers_neither_hang_map_nor_shutdown():
+    """Issue 13: max_workers=10_000 on fork hung map and shutdown.
+
+    The parent asked the zygote for every worker before reading its replies;
+    about 280 replies fill the SOCK_SEQPACKET buffer, the zygote blocked in
+    send and the parent in send_fds. 600 workers pass that point (10_000
+    would fork for minutes on a small test machine: same code path).
+    """
+    result = _children.run_python(
+        """
+        from smartexec import SmartExecutor
+        with SmartExecutor(600, backend="fork") as ex:
+            assert list(ex.map(abs, range(-1200, 0), chunksize=1)) == list(range(1200, 0, -1))
+        print("done", flush=True)
+        """,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "done" in result.stdout
+
+
+def test_more_fork_workers_than_open_files_allow_fail_fast_and_say_why():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with pytest.raises(ValueError, match="open files") as caught:
+        SmartExecutor(soft, backend="fork")
+    assert f"max_workers={soft}" in str(caught.value) and "ulimit -n" in str(caught.value)
+    with SmartExecutor(soft) as ex:  # routed to fork later: the same error, from map
+        with pytest.raises(ValueError, match="open files"):
+            list(ex.map(w.square, range(4), chunksize=1))
