@@ -339,6 +339,30 @@ def picklable_outcomes(result: ChunkResult) -> ChunkResult:
     return _remote.picklable_outcomes(result, _dump_without_copy)
 
 
+#: The parent a loky worker served its first request for (None before it).
+_served_for: int | None = None
+
+
+def _check_parent(owner: int | None) -> None:
+    """Exit this worker at once if the process it works for is gone.
+
+    An orphaned worker (its parent was killed) would otherwise run the rest
+    of its queue and make shared memory for replies nobody reads: named
+    segments that nobody would unlink. ``owner`` is the fork backend's
+    executor pid; for loky (None), the parent the worker first served.
+    """
+    global _served_for
+    if owner is None:
+        if _served_for is None:
+            _served_for = os.getppid()
+        owner = _served_for
+        gone = owner != 1 and os.getppid() != owner
+    else:
+        gone = not _shm.alive(owner)
+    if gone:
+        os._exit(0)
+
+
 def serve_request(data: bytes, owner: int | None = None) -> bytes:
     """Run one request in a worker and return the reply's bytes.
 
@@ -346,6 +370,8 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     ``("error", exception)`` when the request itself could not be unpickled.
     Used by the loky backend; the fork backend's worker loop does the same.
     """
+    _check_parent(owner)
+    _shm.release_acknowledged()  # the parent has mapped our last replies by now
     result: ChunkResult | None = None
     try:
         fn, chunk, budget_s = loads_request(data)
@@ -356,6 +382,7 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
         result = run_chunk(fn, chunk, True, budget_s)
         reply = ("ok", result)
         del fn, chunk
+    _check_parent(owner)
     try:
         return dumps_reply(reply, owner)
     except BaseException:
@@ -828,7 +855,9 @@ def _reusable(obj: Any) -> bool:
 
 def _after_fork_in_child() -> None:
     # The objects a forked worker inherited belong to its parent's requests.
+    global _served_for
     _OBJECTS.clear()
+    _served_for = None
 
 
 if hasattr(os, "register_at_fork"):

@@ -26,7 +26,21 @@ BIG = transport.BIG_BUFFER_BYTES
 
 def ours() -> set[str]:
     """Our segments in /dev/shm made by this process (or for it, by a worker)."""
-    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+    return set(_shm.live())
+
+
+@pytest.fixture
+def named(monkeypatch):
+    """Named /dev/shm segments, the fallback where anonymous memory is missing."""
+    monkeypatch.setattr(_shm, "_ANONYMOUS", False)
+
+
+@pytest.fixture(params=["anonymous", "named"])
+def mode(request, monkeypatch):
+    if request.param == "anonymous" and not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setattr(_shm, "_ANONYMOUS", request.param == "anonymous")
+    return request.param
 
 
 def request(fn, calls, cache=None):
@@ -41,10 +55,11 @@ def add(a, b=0):
 # -- the segment layer ------------------------------------------------------------
 
 
-def test_segment_round_trip_and_unlink():
+def test_segment_round_trip_and_unlink(mode):
     data = np.arange(1000, dtype=np.int64)
     name = _shm.create(memoryview(data))
-    assert name.startswith(f"smx_{os.getpid()}_") and name in _shm.owned()
+    prefix = f"smx_{os.getpid()}_" if mode == "named" else f"fd:{os.getpid()}:"
+    assert name.startswith(prefix) and name in _shm.owned() and name in ours()
     view = _shm.attach(name, data.nbytes, private=False)
     assert np.array_equal(np.frombuffer(view, dtype=np.int64), data)
     _shm.unlink(name)
@@ -54,7 +69,7 @@ def test_segment_round_trip_and_unlink():
     _shm.unlink(name)  # no error when already gone
 
 
-def test_private_mapping_keeps_writes_to_itself():
+def test_private_mapping_keeps_writes_to_itself(mode):
     name = _shm.create(memoryview(np.zeros(4096, dtype=np.uint8)))
     try:
         private = np.frombuffer(_shm.attach(name, 4096, private=True), dtype=np.uint8)
@@ -65,7 +80,28 @@ def test_private_mapping_keeps_writes_to_itself():
         _shm.unlink(name)
 
 
-def test_a_segment_made_for_an_owner_names_the_worker():
+def test_anonymous_memory_is_read_through_proc_and_acknowledged():
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    data = np.arange(BIG // 8, dtype=np.float64)
+    name = _shm.create(memoryview(data), owner=os.getpid())  # a reply, as a worker makes it
+    assert name.startswith(f"fd:{os.getpid()}:") and name.endswith(":a")
+    assert name not in _shm.owned() and _shm.release_acknowledged() == 1  # not read yet
+    pid = os.fork()
+    if pid == 0:  # the reader: another process maps it through /proc/<maker>/fd
+        try:
+            got = np.frombuffer(_shm.attach(name, data.nbytes, private=False))
+            os._exit(0 if np.array_equal(got, data) else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert _shm.release_acknowledged() == 0  # read: its maker let go
+    with pytest.raises(FileNotFoundError):
+        _shm.attach(name, data.nbytes, private=False)
+    assert ours() == set()
+
+
+def test_a_segment_made_for_an_owner_names_the_worker(named):
     name = _shm.create(memoryview(b"x" * 100), owner=os.getpid())
     try:
         assert name.startswith(f"smx_{os.getpid()}_w{os.getpid()}_")
@@ -74,7 +110,7 @@ def test_a_segment_made_for_an_owner_names_the_worker():
         _shm.unlink(name)
 
 
-def test_sweep_removes_the_results_of_dead_workers_only():
+def test_sweep_removes_the_results_of_dead_workers_only(named):
     alive = _shm.create(memoryview(b"x" * 10), owner=os.getpid())
     pid = os.fork()
     if pid == 0:  # a "worker" that makes a result segment, then dies
@@ -160,16 +196,18 @@ def test_which_arrays_go_out_of_band(make, out_of_band):
         lease.release()
 
 
-def test_reply_segments_are_unlinked_once_read(monkeypatch):
+def test_reply_segments_are_unlinked_once_read(monkeypatch, mode):
     # a reply is made for the worker's parent: here, pretend to be our own worker
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
     result = np.arange(BIG // 8 + 1, dtype=np.float64)
     data = transport.dumps_reply(("ok", ChunkResult([(True, result)], 0.0)))
     made = ours()
-    assert len(made) == 1 and f"_w{os.getpid()}_" in made.pop()
+    assert len(made) == 1
+    assert (f"_w{os.getpid()}_" if mode == "named" else f"fd:{os.getpid()}:") in made.pop()
     status, value = transport.loads_reply(data)
     got = value.outcomes[0][1]
     assert status == "ok" and np.array_equal(got, result) and got.flags.writeable
+    _shm.release_acknowledged()  # the worker's next request does this
     assert ours() == set()
 
 
