@@ -2,7 +2,9 @@
 
 Right for work that releases the GIL (numpy kernels, hashing, compression,
 I/O) and for any work on a free-threaded build: nothing is pickled and the
-workers share the caller's memory.
+workers share the caller's memory. While several chunks run at once, the
+process's BLAS pools are capped so that chunks x BLAS threads stay within the
+CPUs (:class:`smartexec._blas.ThreadCap`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
+from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
 from ..errors import TaskTimeoutError
 from ._base import Backend
@@ -32,6 +35,7 @@ class ThreadBackend(Backend):
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         super().__init__(max_workers, cpu_count)
+        self._cpu_count = cpu_count
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pending = 0  # chunks submitted and not finished
@@ -89,11 +93,13 @@ class ThreadBackend(Backend):
         pool = self._take_pool()
         try:
             if timeout_s is None:
-                future = pool.submit(run_chunk, fn, chunk, False, budget_s)
+                future = pool.submit(_run_capped, self._cpu_count, fn, chunk, budget_s)
                 future.add_done_callback(self._finished)
                 return future
             outer: Future[ChunkResult] = Future()
-            inner = pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s)
+            inner = pool.submit(
+                _run_with_deadline, outer, fn, chunk, budget_s, timeout_s, self._cpu_count
+            )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
             raise
@@ -118,12 +124,20 @@ def release_idle_thread_pools() -> None:
         backend.release_idle()
 
 
+def _run_capped(
+    cpu_count: int, fn: Any, chunk: Sequence[Call], budget_s: float | None
+) -> ChunkResult:
+    with THREAD_CAP.running(cpu_count):
+        return run_chunk(fn, chunk, False, budget_s)
+
+
 def _run_with_deadline(
     outer: Future[ChunkResult],
     fn: Any,
     chunk: Sequence[Call],
     budget_s: float | None,
     timeout_s: float,
+    cpu_count: int = 1,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
         return
@@ -148,7 +162,7 @@ def _run_with_deadline(
     timer.daemon = True
     timer.start()
     try:
-        result = run_chunk(fn, chunk, False, budget_s)
+        result = _run_capped(cpu_count, fn, chunk, budget_s)
     except BaseException as exc:
         result = None
         error: BaseException | None = exc
