@@ -20,10 +20,11 @@ anywhere to sweep.
   is released (its future is done), or a cached object is let go.
 * A reply's buffers (a worker writes, the parent reads) are made with an
   acknowledgement byte after the data, which :func:`attach` sets once the
-  parent has the file open. The worker closes the acknowledged ones at its
-  next :func:`create` or :func:`release_acknowledged` (at its next request):
-  a worker holds at most its last replies' memory. A worker whose parent
-  died before reading exits, and its memory goes with it.
+  parent has the file open (or, for a reply it will never read,
+  :func:`discard`). The worker closes the acknowledged ones within
+  :data:`RELEASE_CHECK_S` (a daemon thread checks while it holds some), and
+  at its next :func:`create` or :func:`release_acknowledged`. A worker whose
+  parent died before reading exits, and its memory goes with it.
 * A forked child closes the descriptors it inherited (``register_at_fork``).
 
 **Named segments (the fallback)**, where ``os.memfd_create`` or ``/proc``
@@ -59,7 +60,9 @@ import itertools
 import mmap
 import os
 import secrets
+import sys
 import threading
+import time
 
 __all__ = [
     "PREFIX",
@@ -68,6 +71,7 @@ __all__ = [
     "create",
     "attach",
     "unlink",
+    "discard",
     "owned",
     "live",
     "release_acknowledged",
@@ -90,6 +94,10 @@ SHM_DIR = "/dev/shm"
 _WRITE_BYTES = 1 << 30
 #: The acknowledgement byte a reader sets after a reply's data.
 _ACK = b"\x01"
+
+#: Python 3.13+: a mapping keeps no copy of its file descriptor (before, each
+#: mapped buffer, every result array included, holds one open file).
+_NO_FD_COPY: dict[str, bool] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 _counter = itertools.count(1)
 _lock = threading.Lock()
@@ -184,9 +192,43 @@ def _create_anonymous(view: memoryview, *, reply: bool) -> str:
     with _lock:
         if reply:
             _replies[fd] = (view.nbytes, view.nbytes)
+            _start_releaser()
         else:
             _owned[handle] = fd
     return handle + (":a" if reply else "")
+
+
+#: Seconds between a worker's checks that its replies were read.
+RELEASE_CHECK_S = 0.2
+_releaser: threading.Thread | None = None
+
+
+def _start_releaser() -> None:
+    """Close acknowledged replies soon, not only at the next request (under ``_lock``).
+
+    An idle worker would otherwise hold its last replies' memory after the
+    parent has dropped its arrays, or discarded the replies (a cancelled
+    chunk).
+    """
+    global _releaser
+    if _releaser is None or not _releaser.is_alive():
+        _releaser = threading.Thread(
+            target=_release_while_held, name="smartexec-shm-release", daemon=True
+        )
+        _releaser.start()
+
+
+def _release_while_held() -> None:
+    global _releaser
+    me = threading.current_thread()
+    while True:
+        time.sleep(RELEASE_CHECK_S)
+        release_acknowledged()
+        with _lock:
+            if not _replies or _releaser is not me:
+                if _releaser is me:
+                    _releaser = None
+                return
 
 
 def _new_name(owner: int | None) -> str:
@@ -264,12 +306,36 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
         if stat.st_size < nbytes:
             raise ValueError(f"shared memory {name} holds {stat.st_size} bytes, not {nbytes}")
         access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
-        mapping = mmap.mmap(fd, nbytes, access=access)
+        mapping = mmap.mmap(fd, nbytes, access=access, **_NO_FD_COPY)
         if acknowledge:
             os.pwrite(fd, _ACK, nbytes)  # its maker may close it now
     finally:
         os.close(fd)
     return memoryview(mapping)
+
+
+def discard(name: str, nbytes: int) -> None:
+    """Let go of ``name`` without mapping it: a reply that will never be read.
+
+    A named segment is unlinked; an anonymous reply is acknowledged, so its
+    maker closes it. No error if it is gone.
+    """
+    if not name.startswith(FD_PREFIX):
+        unlink(name)
+        return
+    pid, number, ino, acknowledge = _parse(name)
+    if not acknowledge or pid == os.getpid():
+        unlink(name)
+        return
+    try:
+        fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR)
+    except OSError:
+        return  # its maker is gone, and the memory with it
+    try:
+        if os.fstat(fd).st_ino == ino:
+            os.pwrite(fd, _ACK, nbytes)
+    finally:
+        os.close(fd)
 
 
 def unlink(name: str) -> None:
@@ -465,8 +531,9 @@ def _after_fork_in_child() -> None:
     # nor keep its parent's anonymous memory alive by the descriptors it inherited.
     # Another thread may have held the lock at the fork: this child's copy
     # stays held for ever, so it gets a new one (this child has one thread).
-    global _lock
+    global _lock, _releaser
     _lock = threading.Lock()
+    _releaser = None  # threads do not survive a fork
     inherited = [fd for fd in (*_owned.values(), *_replies) if fd >= 0]
     _owned.clear()
     _replies.clear()

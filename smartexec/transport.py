@@ -88,6 +88,7 @@ __all__ = [
     "loads_request",
     "dumps_reply",
     "loads_reply",
+    "discard_reply",
     "serve_request",
     "estimate_send_s",
 ]
@@ -322,6 +323,19 @@ def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
 def loads_reply(data: bytes) -> Any:
     """Unpickle a reply in the parent; its segments are mapped, then unlinked."""
     return _decode(data, private=False, adopt=True)
+
+
+def discard_reply(data: bytes) -> None:
+    """Let go of a reply's shared memory without unpickling it (its chunk was cancelled)."""
+    try:
+        segments = _split(data)[1]
+    except Exception:  # not ours to judge: there is nothing to free then
+        return
+    for name, nbytes in segments:
+        try:
+            _shm.discard(name, nbytes)
+        except OSError:
+            pass
 
 
 class _Discard:

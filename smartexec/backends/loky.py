@@ -62,6 +62,9 @@ class _ReplyFuture(ChainedFuture):
             self.set_running_or_notify_cancel()
             return
         if not self.set_running_or_notify_cancel():
+            # Cancelled while loky ran it anyway: nobody reads this reply.
+            if inner.exception() is None:
+                transport.discard_reply(inner.result())
             return
         error = inner.exception()
         if error is not None:
