@@ -77,6 +77,7 @@ import cloudpickle
 from . import _remote, _shm
 from ._identity import WeakCallable, identity_key
 from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
+from ._system import WORKER_ENV
 
 __all__ = [
     "BIG_BUFFER_BYTES",
@@ -369,12 +370,35 @@ def _check_parent(owner: int | None) -> None:
     if owner is None:
         if _served_for is None:
             _served_for = os.getppid()
+            if os.environ.get(WORKER_ENV) == "1" and _served_for != 1:
+                _watch_parent(_served_for)
         owner = _served_for
         gone = owner != 1 and os.getppid() != owner
     else:
         gone = not _shm.alive(owner)
     if gone:
         os._exit(0)
+
+
+#: Seconds between an idle loky worker's checks that its parent is alive.
+PARENT_CHECK_S = 1.0
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit this loky worker within :data:`PARENT_CHECK_S` once ``parent`` is gone.
+
+    An idle loky worker waits on its call queue for ever when the parent is
+    killed (and keeps loky's resource tracker alive); fork workers check
+    their parent the same way.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_S)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="smartexec-parent-watch", daemon=True).start()
 
 
 def serve_request(data: bytes, owner: int | None = None) -> bytes:

@@ -348,3 +348,27 @@ def test_ctrl_c_on_loky_lets_go_of_the_maps_memory_at_once():
     assert result.returncode == 0, result.stderr
     assert "with left 0" in result.stdout, result.stdout + result.stderr
     assert "without left 0" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_idle_loky_worker_exits_soon_after_its_parent_is_killed():
+    """Issue 13: orphaned loky workers lived on (and kept loky's resource tracker alive)."""
+    proc = start_python(
+        """
+        import os, signal
+        from smartexec import SmartExecutor
+        ex = SmartExecutor(1, backend="loky")
+        print(os.getpid(), ex.submit(abs, -1).result(), flush=True)  # the worker served one
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    try:
+        assert proc.stdout.readline().split()[1] == "1"
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(proc.pid) == {}
+    finally:
+        _kill_session(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
