@@ -81,6 +81,15 @@ def test_private_mapping_keeps_writes_to_itself(mode):
         _shm.unlink(name)
 
 
+def run_elsewhere(code: str) -> None:
+    """Run ``code`` in another interpreter (not a fork: this process may have threads)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+
+
 def test_anonymous_memory_is_read_through_proc_and_acknowledged():
     if not _shm.anonymous():
         pytest.skip("no memfd_create or /proc here")
@@ -88,14 +97,12 @@ def test_anonymous_memory_is_read_through_proc_and_acknowledged():
     name = _shm.create(memoryview(data), owner=os.getpid())  # a reply, as a worker makes it
     assert name.startswith(f"fd:{os.getpid()}:") and name.endswith(":a")
     assert name not in _shm.owned() and _shm.release_acknowledged() == 1  # not read yet
-    pid = os.fork()
-    if pid == 0:  # the reader: another process maps it through /proc/<maker>/fd
-        try:
-            got = np.frombuffer(_shm.attach(name, data.nbytes, private=False))
-            os._exit(0 if np.array_equal(got, data) else 1)
-        except BaseException:
-            os._exit(2)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    # the reader: another process maps it through /proc/<maker>/fd
+    run_elsewhere(
+        "import numpy as np; from smartexec import _shm; "
+        f"got = np.frombuffer(_shm.attach({name!r}, {data.nbytes}, private=False)); "
+        f"assert got[-1] == {data[-1]!r} and got.size == {data.size}"
+    )
     deadline = time.monotonic() + 10  # read: its maker lets go soon, by itself
     while ours() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -110,11 +117,9 @@ def test_a_reply_nobody_will_read_is_let_go_without_unpickling(monkeypatch):
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
     data = transport.dumps_reply(("ok", ChunkResult([(True, np.ones(BIG // 8))], 0.0)))
     assert len(ours()) == 1
-    pid = os.fork()
-    if pid == 0:  # the parent of a cancelled chunk
-        transport.discard_reply(data)
-        os._exit(0)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    run_elsewhere(  # the parent of a cancelled chunk
+        f"from smartexec import transport; transport.discard_reply({data!r})"
+    )
     assert _shm.release_acknowledged() == 0 and ours() == set()
 
 
