@@ -90,6 +90,7 @@ __all__ = [
     "dumps_reply",
     "loads_reply",
     "discard_reply",
+    "sweep_dead_workers",
     "serve_request",
     "estimate_send_s",
 ]
@@ -324,6 +325,11 @@ def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
 def loads_reply(data: bytes) -> Any:
     """Unpickle a reply in the parent; its segments are mapped, then unlinked."""
     return _decode(data, private=False, adopt=True)
+
+
+def sweep_dead_workers() -> None:
+    """Unlink the named reply segments of this process's dead workers (see :mod:`smartexec._shm`)."""
+    _shm.sweep_dead_workers()
 
 
 def discard_reply(data: bytes) -> None:

@@ -193,6 +193,9 @@ class LokyBackend(Backend):
             # Kill first: cancelling loky's own futures while its manager thread
             # still runs makes it log an InvalidStateError.
             pool.shutdown(wait=True, kill_workers=True)
+            # Named segments (the fallback) of replies the killed workers made
+            # and nobody will read; anonymous memory died with them.
+            transport.sweep_dead_workers()
         for future in pending:
             future.cancel()
         self._cache.close()
