@@ -1,4 +1,4 @@
-"""Cap BLAS / OpenMP threads in process workers, so workers x threads <= CPUs.
+"""Cap BLAS / OpenMP threads in workers, so workers x threads <= CPUs.
 
 Each process worker that calls numpy would otherwise start its own BLAS
 thread pool of one thread per CPU: two workers on two cores then run four
@@ -6,12 +6,20 @@ busy threads and both slow down. Worker processes get
 ``max(1, cpus // workers)`` threads each, through the environment variables
 the common runtimes read at start-up and, where numpy is already loaded (fork
 workers inherit it), through threadpoolctl.
+
+Thread workers share one process, whose BLAS pools serve them all: while
+``k`` chunks run on threads at once, :class:`ThreadCap` lowers the loaded
+pools to ``max(1, cpus // k)`` threads each (never above what they were set
+to, by the user or by default) and puts them back when no chunk runs.
+threadpoolctl's limits are process-wide, so this is one counter for every
+thread backend of the process.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
 
 __all__ = [
@@ -20,6 +28,8 @@ __all__ = [
     "thread_env",
     "controller_for_fork",
     "cap_in_this_process",
+    "ThreadCap",
+    "THREAD_CAP",
 ]
 
 #: Environment variables that OpenMP, OpenBLAS, MKL, BLIS, Accelerate and
@@ -80,3 +90,91 @@ def cap_in_this_process(threads: int, controller: Any | None = None) -> None:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=threads)
+
+
+class ThreadCap:
+    """Count the chunks running on threads; cap the process's BLAS pools to share the CPUs.
+
+    Use :meth:`running` around each chunk a thread backend runs. The first
+    time two chunks overlap, the loaded pools' thread counts are recorded
+    (the user's own limits included); while ``k`` run, each pool gets
+    ``min(recorded, max(1, cpus // k))`` threads; when none runs, the
+    recorded counts come back. A limit the user sets while chunks run is
+    overwritten at that point. One threadpoolctl call per pool and change of
+    ``k`` (about a microsecond each), on a controller built once
+    (:func:`controller_for_fork`); nothing at all without numpy.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._cpus = 1
+        self._saved: list[tuple[Any, int]] | None = None  # (pool, threads before)
+
+    def running(self, cpus: int) -> _Running:
+        """A context manager for one chunk, on a host with ``cpus`` CPUs (int >= 1)."""
+        return _Running(self, cpus)
+
+    @property
+    def active(self) -> int:
+        """Chunks running on threads now."""
+        return self._active
+
+    def _enter(self, cpus: int) -> None:
+        with self._lock:
+            self._active += 1
+            self._cpus = max(1, cpus)
+            if self._active > 1 or self._saved is not None:
+                self._apply()
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._saved is not None:
+                self._apply()
+
+    def _apply(self) -> None:
+        if self._saved is None:
+            if "numpy" not in sys.modules:
+                return
+            try:
+                controller = controller_for_fork()
+            except Exception:  # pragma: no cover - threadpoolctl missing or broken
+                return
+            if controller is None:
+                return
+            self._saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
+        if self._active <= 0:
+            saved, self._saved = self._saved, None
+            for pool, threads in saved:
+                _set_threads(pool, threads)
+            return
+        cap = max(1, self._cpus // self._active)
+        for pool, threads in self._saved:
+            _set_threads(pool, min(threads, cap))
+
+
+def _set_threads(pool: Any, threads: int) -> None:
+    try:
+        if pool.num_threads != threads:
+            pool.set_num_threads(threads)
+    except Exception:  # pragma: no cover - a library that refuses: leave it
+        pass
+
+
+class _Running:
+    __slots__ = ("cap", "cpus")
+
+    def __init__(self, cap: ThreadCap, cpus: int):
+        self.cap = cap
+        self.cpus = cpus
+
+    def __enter__(self) -> None:
+        self.cap._enter(self.cpus)
+
+    def __exit__(self, *exc: object) -> None:
+        self.cap._exit()
+
+
+#: The process's one :class:`ThreadCap` (limits are process-wide).
+THREAD_CAP = ThreadCap()

@@ -1,39 +1,56 @@
-"""Named shared-memory segments: created once, mapped by name, always unlinked.
+"""Shared memory for big buffers: anonymous files passed by descriptor, named segments as a fallback.
 
-:mod:`smartexec.transport` puts big buffers here so that only a segment's
-name crosses a pipe. A segment is a POSIX shared-memory object (a file in
-``/dev/shm`` on Linux), made with the same primitives as
-:class:`multiprocessing.shared_memory.SharedMemory` (``_posixshmem``) but not
-through that class, because:
+:mod:`smartexec.transport` puts big buffers here so that only a short handle
+crosses a pipe. :func:`create` returns the handle, :func:`attach` maps it in
+another process, :func:`unlink` lets go of it.
 
-* ``SharedMemory`` maps a segment shared and writable. We map what a worker
-  receives copy-on-write (``MAP_PRIVATE``), so a worker's writes stay its own
-  and never reach the parent or another task mapping the same segment.
-* Before Python 3.13 ``SharedMemory`` registers every *attach* with the
-  resource tracker; a loky worker has its own tracker, which unlinks the
-  parent's segment when the worker exits and warns about a "leak"
-  (CPython gh-82300; 3.13 added ``track=False``). We never register in workers.
-* It fills a segment through a mapping: on a full ``/dev/shm`` (Docker gives
-  64 MiB by default) a write to a mapped page kills the process with SIGBUS.
-  We fill with ``os.write``, which fails with ``ENOSPC`` instead; the caller
-  then sends the bytes through the pipe as before.
+**Anonymous memory (Linux, the default).** :func:`create` makes a
+``memfd_create`` file, fills it with ``os.write`` and keeps its descriptor;
+the handle is ``fd:<pid>:<fd>:<inode>``. The reader opens
+``/proc/<pid>/fd/<fd>`` (allowed between processes of one user), checks the
+inode, maps the file and closes its descriptor: from then on its mapping
+holds the memory. The memory is freed by the kernel when its last descriptor
+and its last mapping are gone, so **nothing is left to clean up, whichever of
+our processes are killed, and however** (``SIGKILL`` of the parent, a
+process group killed with its resource tracker, a crash): there is no name
+anywhere to sweep.
 
-Names say who must unlink a segment, so that nothing outlives its owner:
+* A request's buffers (the parent writes, a worker reads) live while the
+  parent keeps their descriptors: until the chunk's :class:`~smartexec.transport.Lease`
+  is released (its future is done), or a cached object is let go.
+* A reply's buffers (a worker writes, the parent reads) are made with an
+  acknowledgement byte after the data, which :func:`attach` sets once the
+  parent has the file open (or, for a reply it will never read,
+  :func:`discard`). The worker closes the acknowledged ones within
+  :data:`RELEASE_CHECK_S` (a daemon thread checks while it holds some), and
+  at its next :func:`create` or :func:`release_acknowledged`. A worker whose
+  parent died before reading exits, and its memory goes with it.
+* A forked child closes the descriptors it inherited (``register_at_fork``).
+
+**Named segments (the fallback)**, where ``os.memfd_create`` or ``/proc``
+is missing, or ``SMARTEXEC_SHM=named`` is set: a POSIX shared-memory object
+(a file in ``/dev/shm``), made with ``_posixshmem`` like
+:class:`multiprocessing.shared_memory.SharedMemory`, whose names say who
+must unlink it:
 
 * ``smx_<owner pid>_<n>_<random>``: made by the owner (the process that runs
   the executor) for arguments and cached objects. The owner keeps every such
   name in a registry, unlinks it when the chunk (or cached object) is done,
   unlinks whatever is left at interpreter exit, and registers it with the
   stdlib resource tracker, whose separate process unlinks it should the owner
-  be killed outright.
+  be killed outright (not when the tracker is killed too).
 * ``smx_<owner pid>_w<worker pid>_<n>_<random>``: made by a worker for a
   result. The owner unlinks it as soon as it has mapped it. If the worker dies
   before the owner reads its reply, :func:`sweep_dead_workers` finds it by the
   dead pid in its name (Linux lists ``/dev/shm``).
 
-An unlinked segment stays readable by every process that has it mapped; its
-memory is freed when the last mapping goes away, i.e. when the last array
-viewing it dies.
+Both kinds are mapped copy-on-write (``MAP_PRIVATE``) by a worker, so its
+writes stay its own, and both are filled with ``os.write``, which fails with
+``ENOSPC`` on a full ``/dev/shm`` (Docker gives 64 MiB) where a write through a
+mapping would kill the process with SIGBUS; the caller then sends the bytes
+through the pipe. We never register an *attach* with the resource tracker
+(before 3.13 ``SharedMemory`` did, and a loky worker's tracker then unlinked
+the parent's segment, CPython gh-82300).
 """
 
 from __future__ import annotations
@@ -43,15 +60,21 @@ import itertools
 import mmap
 import os
 import secrets
+import sys
 import threading
+import time
 
 __all__ = [
     "PREFIX",
     "available",
+    "anonymous",
     "create",
     "attach",
     "unlink",
+    "discard",
     "owned",
+    "live",
+    "release_acknowledged",
     "sweep_dead_workers",
     "sweep_owner",
 ]
@@ -61,22 +84,151 @@ try:  # the C helpers behind multiprocessing.shared_memory (POSIX only)
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-#: Every segment name starts with this; tests and sweeps look for it.
+#: Every named segment starts with this; tests and sweeps look for it.
 PREFIX = "smx_"
+#: Every anonymous handle starts with this.
+FD_PREFIX = "fd:"
 #: Where Linux shows POSIX shared memory; listed only to sweep.
 SHM_DIR = "/dev/shm"
 #: Bytes per os.write call (Linux writes at most ~2 GiB at once).
 _WRITE_BYTES = 1 << 30
+#: The acknowledgement byte a reader sets after a reply's data.
+_ACK = b"\x01"
+
+#: Python 3.13+: a mapping keeps no copy of its file descriptor (before, each
+#: mapped buffer, every result array included, holds one open file).
+_NO_FD_COPY: dict[str, bool] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 _counter = itertools.count(1)
 _lock = threading.Lock()
-#: Names this process created for itself and has not unlinked yet.
-_owned: set[str] = set()
+#: Named segments and anonymous handles this process created for itself and
+#: has not let go of yet; for anonymous ones, handle -> descriptor.
+_owned: dict[str, int] = {}
+#: Anonymous reply buffers this process made for another: descriptor ->
+#: (offset of the acknowledgement byte, bytes).
+_replies: dict[int, tuple[int, int]] = {}
+
+
+def _anonymous_usable() -> bool:
+    if os.environ.get("SMARTEXEC_SHM", "").lower() == "named":
+        return False
+    if not hasattr(os, "memfd_create"):
+        return False
+    try:  # a reader opens /proc/<pid>/fd/<fd>: make sure that works here
+        fd = os.memfd_create("smx-probe", os.MFD_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDWR))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+_ANONYMOUS = _anonymous_usable()
 
 
 def available() -> bool:
-    """Return True when this platform has POSIX shared memory we can use."""
-    return _posixshmem is not None
+    """Return True when this platform has shared memory we can use."""
+    return _ANONYMOUS or _posixshmem is not None
+
+
+def anonymous() -> bool:
+    """Return True when :func:`create` makes anonymous memory (nothing to sweep)."""
+    return _ANONYMOUS
+
+
+def create(data: memoryview, *, owner: int | None = None) -> str:
+    """Copy ``data`` into new shared memory and return its handle.
+
+    Args:
+        data: the bytes to store (a C-contiguous memoryview, any format).
+        owner: None when this process owns the memory (it lets go of it with
+            :func:`unlink`); otherwise the pid of the process that will map
+            it (a worker's result for its parent).
+
+    Returns:
+        The handle: ``fd:...`` for anonymous memory, else a segment name (no
+        leading slash).
+
+    Raises:
+        OSError: the memory could not be made or filled, e.g. ``ENOSPC``
+            when ``/dev/shm`` is full, ``EMFILE`` with too many open files;
+            nothing is left behind.
+        RuntimeError: shared memory is not available (see :func:`available`).
+    """
+    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    if _ANONYMOUS:
+        if owner is not None:
+            release_acknowledged()
+        try:
+            return _create_anonymous(view, reply=owner is not None)
+        except OSError:
+            if _posixshmem is None:
+                raise
+            # EMFILE, say: a named segment holds no descriptor once made.
+    return _create_named(view, owner)
+
+
+def _fill(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < view.nbytes:
+        done += os.write(fd, view[done : done + _WRITE_BYTES])
+
+
+def _create_anonymous(view: memoryview, *, reply: bool) -> str:
+    fd = os.memfd_create("smx", os.MFD_CLOEXEC)
+    try:
+        _fill(fd, view)
+        if reply:
+            os.write(fd, b"\0")
+        ino = os.fstat(fd).st_ino
+    except BaseException:
+        os.close(fd)
+        raise
+    handle = f"{FD_PREFIX}{os.getpid()}:{fd}:{ino}"
+    with _lock:
+        if reply:
+            _replies[fd] = (view.nbytes, view.nbytes)
+            _start_releaser()
+        else:
+            _owned[handle] = fd
+    return handle + (":a" if reply else "")
+
+
+#: Seconds between a worker's checks that its replies were read.
+RELEASE_CHECK_S = 0.2
+_releaser: threading.Thread | None = None
+
+
+def _start_releaser() -> None:
+    """Close acknowledged replies soon, not only at the next request (under ``_lock``).
+
+    An idle worker would otherwise hold its last replies' memory after the
+    parent has dropped its arrays, or discarded the replies (a cancelled
+    chunk).
+    """
+    global _releaser
+    if _releaser is None or not _releaser.is_alive():
+        _releaser = threading.Thread(
+            target=_release_while_held, name="smartexec-shm-release", daemon=True
+        )
+        _releaser.start()
+
+
+def _release_while_held() -> None:
+    global _releaser
+    me = threading.current_thread()
+    while True:
+        time.sleep(RELEASE_CHECK_S)
+        release_acknowledged()
+        with _lock:
+            if not _replies or _releaser is not me:
+                if _releaser is me:
+                    _releaser = None
+                return
 
 
 def _new_name(owner: int | None) -> str:
@@ -86,26 +238,9 @@ def _new_name(owner: int | None) -> str:
     return f"{PREFIX}{owner}_w{os.getpid()}_{tail}"
 
 
-def create(data: memoryview, *, owner: int | None = None) -> str:
-    """Copy ``data`` into a new segment and return its name.
-
-    Args:
-        data: the bytes to store (a C-contiguous memoryview, any format).
-        owner: None when this process owns the segment (it will unlink it);
-            otherwise the pid of the process that will map and unlink it
-            (a worker's result for its parent).
-
-    Returns:
-        The segment's name (no leading slash).
-
-    Raises:
-        OSError: the segment could not be made or filled, e.g. ``ENOSPC``
-            when ``/dev/shm`` is full; nothing is left behind.
-        RuntimeError: shared memory is not available (see :func:`available`).
-    """
+def _create_named(view: memoryview, owner: int | None) -> str:
     if _posixshmem is None:
         raise RuntimeError("POSIX shared memory is not available on this platform")
-    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
     while True:
         name = _new_name(owner)
         try:
@@ -115,13 +250,11 @@ def create(data: memoryview, *, owner: int | None = None) -> str:
         break
     if owner is None:
         with _lock:
-            _owned.add(name)  # before filling it: an interrupt still finds it
+            _owned[name] = -1  # before filling it: an interrupt still finds it
         _track(name)
     try:
         try:
-            done = 0
-            while done < view.nbytes:
-                done += os.write(fd, view[done : done + _WRITE_BYTES])
+            _fill(fd, view)
         finally:
             os.close(fd)
     except BaseException:
@@ -130,8 +263,14 @@ def create(data: memoryview, *, owner: int | None = None) -> str:
     return name
 
 
+def _parse(handle: str) -> tuple[int, int, int, bool]:
+    """``(pid, fd, inode, acknowledge)`` of an anonymous handle."""
+    parts = handle[len(FD_PREFIX) :].split(":")
+    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3:] == ["a"]
+
+
 def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
-    """Map the first ``nbytes`` of segment ``name``.
+    """Map the first ``nbytes`` of the shared memory ``name`` (a handle).
 
     Args:
         name: as returned by :func:`create`.
@@ -144,25 +283,79 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
         the view and everything built on it (numpy arrays) are gone.
 
     Raises:
-        FileNotFoundError: the segment no longer exists.
-        ValueError: the segment is shorter than ``nbytes``.
+        FileNotFoundError: the memory is gone (its maker let go of it, or
+            died).
+        ValueError: it holds fewer than ``nbytes`` bytes.
     """
-    if _posixshmem is None:  # pragma: no cover - nothing could have created one
+    flags = os.O_RDONLY if private else os.O_RDWR
+    if name.startswith(FD_PREFIX):
+        pid, number, ino, acknowledge = _parse(name)
+        try:
+            fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR if acknowledge else flags)
+        except OSError as exc:
+            raise FileNotFoundError(f"shared memory {name} is gone ({exc})") from exc
+    elif _posixshmem is None:  # pragma: no cover - nothing could have created one
         raise RuntimeError("POSIX shared memory is not available on this platform")
-    fd = _posixshmem.shm_open("/" + name, os.O_RDONLY if private else os.O_RDWR, mode=0o600)
+    else:
+        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        ino, acknowledge = -1, False
     try:
-        size = os.fstat(fd).st_size
-        if size < nbytes:
-            raise ValueError(f"shared-memory segment {name} holds {size} bytes, not {nbytes}")
+        stat = os.fstat(fd)
+        if ino >= 0 and stat.st_ino != ino:  # the number was reused by another file
+            raise FileNotFoundError(f"shared memory {name} is gone")
+        if stat.st_size < nbytes:
+            raise ValueError(f"shared memory {name} holds {stat.st_size} bytes, not {nbytes}")
         access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
-        mapping = mmap.mmap(fd, nbytes, access=access)
+        mapping = mmap.mmap(fd, nbytes, access=access, **_NO_FD_COPY)
+        if acknowledge:
+            os.pwrite(fd, _ACK, nbytes)  # its maker may close it now
     finally:
         os.close(fd)
     return memoryview(mapping)
 
 
+def discard(name: str, nbytes: int) -> None:
+    """Let go of ``name`` without mapping it: a reply that will never be read.
+
+    A named segment is unlinked; an anonymous reply is acknowledged, so its
+    maker closes it. No error if it is gone.
+    """
+    if not name.startswith(FD_PREFIX):
+        unlink(name)
+        return
+    pid, number, ino, acknowledge = _parse(name)
+    if not acknowledge or pid == os.getpid():
+        unlink(name)
+        return
+    try:
+        fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR)
+    except OSError:
+        return  # its maker is gone, and the memory with it
+    try:
+        if os.fstat(fd).st_ino == ino:
+            os.pwrite(fd, _ACK, nbytes)
+    finally:
+        os.close(fd)
+
+
 def unlink(name: str) -> None:
-    """Remove segment ``name``; mappings of it stay valid. No error if gone."""
+    """Let go of ``name``: mappings of it stay valid. No error if gone.
+
+    A named segment is removed; this process's own anonymous memory has its
+    descriptor closed (its memory is freed with the last mapping); another
+    process's anonymous handle is left to its maker (a reply's maker closes
+    it once :func:`attach` acknowledged it).
+    """
+    if name.startswith(FD_PREFIX):
+        pid, number, _, reply = _parse(name)
+        with _lock:
+            if reply and pid == os.getpid():  # never sent (a reply that failed to pickle)
+                fd = number if _replies.pop(number, None) is not None else None
+            else:
+                fd = _owned.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+        return
     if _posixshmem is None:  # pragma: no cover
         return
     try:
@@ -170,16 +363,63 @@ def unlink(name: str) -> None:
     except FileNotFoundError:
         pass
     with _lock:
-        mine = name in _owned
-        _owned.discard(name)
+        mine = _owned.pop(name, None) is not None
     if mine:
         _untrack(name)
 
 
+def release_acknowledged() -> int:
+    """Close the reply buffers this process made that their readers have mapped.
+
+    Returns:
+        The number still waiting for their reader.
+    """
+    with _lock:
+        held = list(_replies.items())
+    for fd, (offset, _) in held:
+        try:
+            seen = os.pread(fd, 1, offset) == _ACK
+        except OSError:
+            seen = True
+        if seen:
+            with _lock:
+                _replies.pop(fd, None)
+            os.close(fd)
+    with _lock:
+        return len(_replies)
+
+
 def owned() -> frozenset[str]:
-    """Names this process created for itself and has not unlinked yet."""
+    """Handles this process created for itself and has not let go of yet."""
     with _lock:
         return frozenset(_owned)
+
+
+def live() -> dict[str, int]:
+    """Shared memory this process holds or is owed, handle -> bytes.
+
+    Its own (:func:`owned`), the anonymous replies it made that wait for
+    their reader, and (for named segments) what ``/dev/shm`` lists under
+    its pid, its workers' results included. For tests and diagnostics.
+    """
+    found: dict[str, int] = {}
+    with _lock:
+        own = dict(_owned)
+        replies = dict(_replies)
+    for handle, fd in own.items():
+        if fd >= 0:
+            try:
+                found[handle] = os.fstat(fd).st_size
+            except OSError:
+                pass
+    for fd, (_, nbytes) in replies.items():
+        found[f"{FD_PREFIX}{os.getpid()}:{fd}:reply"] = nbytes
+    for name in _listed(os.getpid()):
+        try:
+            found[name] = os.stat(f"{SHM_DIR}/{name}").st_size
+        except OSError:
+            pass
+    return found
 
 
 def _listed(owner: int) -> list[str]:
@@ -199,7 +439,8 @@ def _worker_pid(name: str) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Return True while process ``pid`` runs (a zombie has exited)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -213,14 +454,18 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    return stat[stat.rfind(")") + 2 :][:1] != "Z"  # a zombie has exited
+    return stat[stat.rfind(")") + 2 :][:1] != "Z"
+
+
+_alive = alive
 
 
 def sweep_dead_workers(owner: int | None = None) -> list[str]:
-    """Unlink the result segments that dead workers made for ``owner``.
+    """Unlink the named result segments that dead workers made for ``owner``.
 
     A worker that dies between making a result segment and the owner reading
     its reply leaves the segment behind; its name carries the worker's pid.
+    (Anonymous memory needs no sweep: it dies with its maker.)
 
     Args:
         owner: the owner's pid; None means this process.
@@ -239,7 +484,7 @@ def sweep_dead_workers(owner: int | None = None) -> list[str]:
 
 
 def sweep_owner(owner: int | None = None) -> None:
-    """Unlink every segment of ``owner``: its own and its workers' results.
+    """Let go of all shared memory of ``owner``: its own and its workers' results.
 
     Only safe once no worker of ``owner`` can still send a reply (at
     interpreter exit, after the backends' exit hooks stopped their workers).
@@ -282,9 +527,21 @@ atexit.register(_at_exit)
 
 
 def _after_fork_in_child() -> None:
-    # A forked child must not unlink its parent's segments at its own exit.
-    with _lock:
-        _owned.clear()
+    # A forked child must not unlink its parent's segments at its own exit,
+    # nor keep its parent's anonymous memory alive by the descriptors it inherited.
+    # Another thread may have held the lock at the fork: this child's copy
+    # stays held for ever, so it gets a new one (this child has one thread).
+    global _lock, _releaser
+    _lock = threading.Lock()
+    _releaser = None  # threads do not survive a fork
+    inherited = [fd for fd in (*_owned.values(), *_replies) if fd >= 0]
+    _owned.clear()
+    _replies.clear()
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 if hasattr(os, "register_at_fork"):

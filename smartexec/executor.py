@@ -630,7 +630,8 @@ class SmartExecutor(Executor):
         """
         if task_timeout is None:
             return decision
-        decision = stoppable(decision, self._platform, self._options)
+        threads = _other_threads()
+        decision = stoppable(decision, self._platform, self._options, threads)
         if _takes_timeouts(get_backend_class(decision.backend)):
             return decision
         if self._options.backend is not None:
@@ -639,7 +640,7 @@ class SmartExecutor(Executor):
                 f'backend="fork" or backend="thread" for task_timeout'
             )
         fork_ok = self._platform.has_fork and self._options.start_method in (None, "fork")
-        target = "fork" if fork_ok else "thread"
+        target = "fork" if fork_ok and not threads else "thread"
         return dataclasses.replace(
             decision,
             backend=target,
@@ -678,6 +679,7 @@ class SmartExecutor(Executor):
             TypeError: ``fn`` is not callable.
         """
         decision, estimate = self._route(fn)
+        decision = self._with_timeout(decision, self._task_timeout)
         with self._lock:
             running = self._backends.get(decision.backend)
         notes = list(running.describe(fn)) if running is not None else []

@@ -285,12 +285,14 @@ def decide(
             ),
         )
     if options.stoppable:
-        return stoppable(decision, platform, options)
+        return stoppable(decision, platform, options, other_threads)
     return decision
 
 
-def stoppable(decision: Decision, platform: Platform, options: Options) -> Decision:
-    """``decision`` moved to fork workers, which a ``task_timeout`` can stop one at a time.
+def stoppable(
+    decision: Decision, platform: Platform, options: Options, other_threads: int = 0
+) -> Decision:
+    """``decision`` moved to a backend that honours a ``task_timeout``, safely.
 
     Pure. Work bound for loky (whose workers cannot be stopped one by one)
     or for threads (a thread cannot be stopped at all: a stuck call would
@@ -299,20 +301,37 @@ def stoppable(decision: Decision, platform: Platform, options: Options) -> Decis
     given, when threads were asked for (``prefer="threads"``), where fork
     is missing, or where the user's ``mp_context`` chose another start method.
 
+    While ``other_threads`` of the user's run, fork is not safe (the same
+    rule as :func:`decide`: a forked worker inherits every lock they hold,
+    held): safety wins over stopping the task. Work bound for loky goes to
+    threads, whose backend fails the future at the deadline but cannot stop
+    the call; no backend here can both stop one task and never fork this
+    process. Work shared by copy-on-write stays on fork (it forks a
+    single-threaded zygote, see :func:`decide`).
+
     Args:
         decision: the decision without a ``task_timeout``.
         platform: what the host allows.
         options: what the user asked for.
+        other_threads: threads running in this process besides the calling
+            thread and smartexec's own (int >= 0).
 
     Returns:
-        A :class:`Decision`: ``decision`` itself, or a copy on ``"fork"`` with
-        one more reason.
+        A :class:`Decision`: ``decision`` itself, or a copy on ``"fork"`` or
+        ``"thread"`` with one more reason.
     """
-    if (
-        options.backend is not None
-        or not platform.has_fork
-        or options.start_method not in (None, "fork")
-    ):
+    if options.backend is not None or options.start_method not in (None, "fork"):
+        return decision
+    if other_threads > 0 and not decision.share:
+        if decision.backend == "loky":
+            why = (
+                "task_timeout is set, but fork (which could stop one task) is not safe "
+                "while other threads run: threads fail the future at the deadline "
+                "instead; they cannot stop the call, which runs on in the background"
+            )
+            return replace(decision, backend="thread", reasons=(*decision.reasons, why))
+        return decision
+    if not platform.has_fork:
         return decision
     if decision.backend == "loky":
         why = (

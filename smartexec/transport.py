@@ -84,6 +84,7 @@ import cloudpickle
 from . import _fingerprint, _memmap, _remote, _shm
 from ._identity import WeakCallable, identity_key
 from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
+from ._system import WORKER_ENV
 
 __all__ = [
     "BIG_BUFFER_BYTES",
@@ -95,6 +96,8 @@ __all__ = [
     "loads_request",
     "dumps_reply",
     "loads_reply",
+    "discard_reply",
+    "sweep_dead_workers",
     "serve_request",
     "estimate_send_s",
 ]
@@ -331,6 +334,24 @@ def loads_reply(data: bytes) -> Any:
     return _decode(data, private=False, adopt=True)
 
 
+def sweep_dead_workers() -> None:
+    """Unlink the named reply segments of this process's dead workers (see :mod:`smartexec._shm`)."""
+    _shm.sweep_dead_workers()
+
+
+def discard_reply(data: bytes) -> None:
+    """Let go of a reply's shared memory without unpickling it (its chunk was cancelled)."""
+    try:
+        segments = _split(data)[1]
+    except Exception:  # not ours to judge: there is nothing to free then
+        return
+    for name, nbytes in segments:
+        try:
+            _shm.discard(name, nbytes)
+        except OSError:
+            pass
+
+
 class _Discard:
     def write(self, data: Any) -> int:
         return memoryview(data).nbytes
@@ -346,6 +367,59 @@ def picklable_outcomes(result: ChunkResult) -> ChunkResult:
     return _remote.picklable_outcomes(result, _dump_without_copy)
 
 
+#: The parent a loky worker served its first request for (None before it).
+_served_for: int | None = None
+
+
+def _check_parent(owner: int | None) -> None:
+    """Exit this worker at once if the process it works for is gone.
+
+    An orphaned worker (its parent was killed) would otherwise run the rest
+    of its queue and make shared memory for replies nobody reads: named
+    segments that nobody would unlink. ``owner`` is the fork backend's
+    executor pid; for loky (None), the parent the worker first served.
+    """
+    global _served_for
+    if owner is None:
+        if _served_for is None:
+            _served_for = os.getppid()
+            if os.environ.get(WORKER_ENV) == "1" and _served_for != 1:
+                _watch_parent(_served_for)
+        owner = _served_for
+        gone = owner != 1 and os.getppid() != owner
+    else:
+        try:  # one system call (reading /proc/<pid>/stat costs 20 us a chunk)
+            os.kill(owner, 0)
+            gone = False
+        except ProcessLookupError:
+            gone = True
+        except OSError:  # EPERM: it exists
+            gone = False
+    if gone:
+        os._exit(0)
+
+
+#: Seconds between an idle loky worker's checks that its parent is alive.
+PARENT_CHECK_S = 1.0
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit this loky worker within :data:`PARENT_CHECK_S` once ``parent`` is gone.
+
+    An idle loky worker waits on its call queue for ever when the parent is
+    killed (and keeps loky's resource tracker alive); fork workers check
+    their parent the same way.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_S)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="smartexec-parent-watch", daemon=True).start()
+
+
 def serve_request(data: bytes, owner: int | None = None) -> bytes:
     """Run one request in a worker and return the reply's bytes.
 
@@ -353,6 +427,8 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     ``("error", exception)`` when the request itself could not be unpickled.
     Used by the loky backend; the fork backend's worker loop does the same.
     """
+    _check_parent(owner)
+    _shm.release_acknowledged()  # the parent has mapped our last replies by now
     result: ChunkResult | None = None
     try:
         fn, chunk, budget_s = loads_request(data)
@@ -363,6 +439,7 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
         result = run_chunk(fn, chunk, True, budget_s)
         reply = ("ok", result)
         del fn, chunk
+    _check_parent(owner)
     try:
         return dumps_reply(reply, owner)
     except BaseException:
@@ -916,7 +993,9 @@ class _BoundRef:
 
 def _after_fork_in_child() -> None:
     # The objects a forked worker inherited belong to its parent's requests.
+    global _served_for
     _OBJECTS.clear()
+    _served_for = None
 
 
 if hasattr(os, "register_at_fork"):

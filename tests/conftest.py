@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from smartexec import _shm as shm
 from smartexec import transport
 
 from ._children import child_processes, kill_all
@@ -52,7 +53,7 @@ def _shm() -> set[str]:
 def no_leaks(request):
     """Fail a test that leaves child processes or /dev/shm segments behind."""
     before_children = set(_leftovers())
-    before_shm = _shm()
+    before_shm = _shm() | set(shm.live())
     yield
     deadline = time.monotonic() + 5.0
     while True:
@@ -60,7 +61,7 @@ def no_leaks(request):
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    new_shm = _shm() - before_shm
+    new_shm = (_shm() | set(shm.live())) - before_shm  # memfds show nowhere else
     if extra:
         kill_all(extra)
         pytest.fail(f"test left child processes running: {extra}")

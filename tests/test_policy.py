@@ -209,3 +209,21 @@ def test_with_an_initializer_by_value_code_is_inherited_by_fork_workers(prof):
     assert not decide(profile("function"), LINUX, Options(initializer=True)).share
     # without fork, nothing to inherit from
     assert decide(prof, LINUX, Options(initializer=True, start_method="spawn")).backend == "loky"
+
+
+@pytest.mark.parametrize(
+    "prof, backend, share",
+    [
+        (profile("function"), "thread", False),  # fork -> loky (threads) -> thread (timeout)
+        (profile("lambda", by_reference=False, state=SMALL), "thread", False),
+        (profile("builtin", gil_hint="sleeps"), "thread", False),
+        (profile("bound_method", state=BIG), "fork", True),  # a zygote forks: safe
+    ],
+)
+def test_task_timeout_never_forks_the_users_threads(prof, backend, share):
+    """Issue 13: stoppable() moved work that decide() had kept off fork back to fork."""
+    decision = decide(prof, LINUX, Options(stoppable=True), other_threads=1)
+    assert (decision.backend, decision.share) == (backend, share), str(decision)
+    if backend == "thread" and prof.kind != "builtin":
+        assert "cannot stop the call" in decision.reasons[-1]
+    assert decide(prof, LINUX, Options(stoppable=True)).backend == "fork"

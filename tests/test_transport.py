@@ -11,6 +11,7 @@ import gc
 import os
 import pickle
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -27,7 +28,21 @@ BIG = transport.BIG_BUFFER_BYTES
 
 def ours() -> set[str]:
     """Our segments in /dev/shm made by this process (or for it, by a worker)."""
-    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+    return set(_shm.live())
+
+
+@pytest.fixture
+def named(monkeypatch):
+    """Named /dev/shm segments, the fallback where anonymous memory is missing."""
+    monkeypatch.setattr(_shm, "_ANONYMOUS", False)
+
+
+@pytest.fixture(params=["anonymous", "named"])
+def mode(request, monkeypatch):
+    if request.param == "anonymous" and not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setattr(_shm, "_ANONYMOUS", request.param == "anonymous")
+    return request.param
 
 
 def request(fn, calls, cache=None):
@@ -42,10 +57,11 @@ def add(a, b=0):
 # -- the segment layer ------------------------------------------------------------
 
 
-def test_segment_round_trip_and_unlink():
+def test_segment_round_trip_and_unlink(mode):
     data = np.arange(1000, dtype=np.int64)
     name = _shm.create(memoryview(data))
-    assert name.startswith(f"smx_{os.getpid()}_") and name in _shm.owned()
+    prefix = f"smx_{os.getpid()}_" if mode == "named" else f"fd:{os.getpid()}:"
+    assert name.startswith(prefix) and name in _shm.owned() and name in ours()
     view = _shm.attach(name, data.nbytes, private=False)
     assert np.array_equal(np.frombuffer(view, dtype=np.int64), data)
     _shm.unlink(name)
@@ -55,7 +71,7 @@ def test_segment_round_trip_and_unlink():
     _shm.unlink(name)  # no error when already gone
 
 
-def test_private_mapping_keeps_writes_to_itself():
+def test_private_mapping_keeps_writes_to_itself(mode):
     name = _shm.create(memoryview(np.zeros(4096, dtype=np.uint8)))
     try:
         private = np.frombuffer(_shm.attach(name, 4096, private=True), dtype=np.uint8)
@@ -66,7 +82,49 @@ def test_private_mapping_keeps_writes_to_itself():
         _shm.unlink(name)
 
 
-def test_a_segment_made_for_an_owner_names_the_worker():
+def run_elsewhere(code: str) -> None:
+    """Run ``code`` in another interpreter (not a fork: this process may have threads)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+
+
+def test_anonymous_memory_is_read_through_proc_and_acknowledged():
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    data = np.arange(BIG // 8, dtype=np.float64)
+    name = _shm.create(memoryview(data), owner=os.getpid())  # a reply, as a worker makes it
+    assert name.startswith(f"fd:{os.getpid()}:") and name.endswith(":a")
+    assert name not in _shm.owned() and _shm.release_acknowledged() == 1  # not read yet
+    # the reader: another process maps it through /proc/<maker>/fd
+    run_elsewhere(
+        "import numpy as np; from smartexec import _shm; "
+        f"got = np.frombuffer(_shm.attach({name!r}, {data.nbytes}, private=False)); "
+        f"assert got[-1] == {data[-1]!r} and got.size == {data.size}"
+    )
+    deadline = time.monotonic() + 10  # read: its maker lets go soon, by itself
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ours() == set() and _shm.release_acknowledged() == 0
+    with pytest.raises(FileNotFoundError):
+        _shm.attach(name, data.nbytes, private=False)
+
+
+def test_a_reply_nobody_will_read_is_let_go_without_unpickling(monkeypatch):
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setattr(transport.os, "getppid", os.getpid)
+    data = transport.dumps_reply(("ok", ChunkResult([(True, np.ones(BIG // 8))], 0.0)))
+    assert len(ours()) == 1
+    run_elsewhere(  # the parent of a cancelled chunk
+        f"from smartexec import transport; transport.discard_reply({data!r})"
+    )
+    assert _shm.release_acknowledged() == 0 and ours() == set()
+
+
+def test_a_segment_made_for_an_owner_names_the_worker(named):
     name = _shm.create(memoryview(b"x" * 100), owner=os.getpid())
     try:
         assert name.startswith(f"smx_{os.getpid()}_w{os.getpid()}_")
@@ -75,7 +133,7 @@ def test_a_segment_made_for_an_owner_names_the_worker():
         _shm.unlink(name)
 
 
-def test_sweep_removes_the_results_of_dead_workers_only():
+def test_sweep_removes_the_results_of_dead_workers_only(named):
     alive = _shm.create(memoryview(b"x" * 10), owner=os.getpid())
     pid = os.fork()
     if pid == 0:  # a "worker" that makes a result segment, then dies
@@ -161,16 +219,18 @@ def test_which_arrays_go_out_of_band(make, out_of_band):
         lease.release()
 
 
-def test_reply_segments_are_unlinked_once_read(monkeypatch):
+def test_reply_segments_are_unlinked_once_read(monkeypatch, mode):
     # a reply is made for the worker's parent: here, pretend to be our own worker
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
     result = np.arange(BIG // 8 + 1, dtype=np.float64)
     data = transport.dumps_reply(("ok", ChunkResult([(True, result)], 0.0)))
     made = ours()
-    assert len(made) == 1 and f"_w{os.getpid()}_" in made.pop()
+    assert len(made) == 1
+    assert (f"_w{os.getpid()}_" if mode == "named" else f"fd:{os.getpid()}:") in made.pop()
     status, value = transport.loads_reply(data)
     got = value.outcomes[0][1]
     assert status == "ok" and np.array_equal(got, result) and got.flags.writeable
+    _shm.release_acknowledged()  # the worker's next request does this
     assert ours() == set()
 
 

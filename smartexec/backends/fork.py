@@ -193,6 +193,13 @@ def _zygote_main(
       that worker (it runs in each worker after its fork, see
       :func:`_worker_main`), just before the worker exits.
 
+    The zygote never blocks on ``ctl``: its replies wait in an outbox until
+    the socket takes them. The parent asks for every worker of a new pool
+    before its dispatcher reads a reply; about 280 records fill a
+    ``SOCK_SEQPACKET`` buffer each way, and a zygote blocked in ``send``
+    would stop reading requests, blocking the parent's ``send_fds`` in turn
+    (``max_workers`` in the hundreds hung the pool).
+
     On ``Q``, on end-of-file, or once the parent is gone (checked every
     :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
     may hold a copy of its end of ``ctl``, so end-of-file alone is not
@@ -213,6 +220,28 @@ def _zygote_main(
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     children: set[int] = set()
+    ctl.setblocking(False)
+    outbox: collections.deque[bytes] = collections.deque()
+    poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+
+    def send(message: bytes) -> None:
+        outbox.append(message)
+        flush()
+
+    def flush() -> None:
+        while outbox:
+            try:
+                ctl.send(outbox[0])
+            except BlockingIOError:  # the parent reads on: send the rest when it can
+                poller.modify(ctl.fileno(), select.POLLIN | select.POLLOUT)
+                return
+            except OSError:
+                outbox.clear()  # the parent is gone
+                break
+            outbox.popleft()
+        poller.modify(ctl.fileno(), select.POLLIN)
 
     def reap(block_s: float = 0.0) -> None:
         deadline = time.monotonic() + block_s
@@ -228,18 +257,15 @@ def _zygote_main(
                 time.sleep(0.01)
                 continue
             children.discard(pid)
-            try:
-                ctl.send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
-            except OSError:
-                pass  # the parent is gone
+            send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
 
-    poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
-    poller.register(ctl.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
     while True:
-        ready = {fd for fd, _ in poller.poll(PARENT_CHECK_S * 1000)}
-        if not ready and os.getppid() != parent_pid:
+        events = dict(poller.poll(PARENT_CHECK_S * 1000))
+        ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
+        if not events and os.getppid() != parent_pid:
             break
+        if events.get(ctl.fileno(), 0) & select.POLLOUT:
+            flush()
         if wake_r in ready:
             try:
                 while os.read(wake_r, 512):
@@ -251,6 +277,8 @@ def _zygote_main(
             continue
         try:
             message, fds, _, _ = socket.recv_fds(ctl, 256, 4)
+        except BlockingIOError:
+            continue
         except OSError:
             message, fds = b"", []
         if not message or message == b"Q":
@@ -277,7 +305,7 @@ def _zygote_main(
                 os._exit(code)
         os.close(worker_fd)
         children.add(pid)
-        ctl.send(b"P%d %d" % (ident, pid))
+        send(b"P%d %d" % (ident, pid))
     # The parent closed its end: workers were asked to stop (or their parent died).
     reap(STOP_TIMEOUT_S)
     for pid in list(children):
@@ -565,11 +593,26 @@ class _ForkPool:
         return _Worker(ident, parent_conn)
 
     def _read_ctl(self) -> None:
-        """Handle one message from the zygote (a worker forked, or one exited) or a worker."""
+        """Handle the zygote's messages (one at least): workers forked or exited, or a worker's initializer failed.
+
+        Reads every message already there: a new pool's replies arrive in a
+        burst, one per worker, and one wait per message would cost a poll of
+        every worker's pipe each.
+        """
         try:
             message = self._ctl.recv(2 * _initializer.MAX_TRACEBACK_CHARS + 64)
         except OSError:
             message = b""
+        while True:
+            self._handle_ctl(message)
+            try:
+                message = self._ctl.recv(2 * _initializer.MAX_TRACEBACK_CHARS + 64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                message = b""
+
+    def _handle_ctl(self, message: bytes) -> None:
         if not message:
             raise BrokenProcessPool(
                 f"the fork pool's zygote process (pid {self._zygote.pid}) died with "
@@ -851,6 +894,34 @@ class _ForkPool:
             pass
 
 
+#: Open files a fork pool needs besides one per worker (its zygote's socket,
+#: wake-up pipes, a replacement pool's while both run, the caller's own).
+SPARE_FILES = 64
+
+
+def _check_open_files(max_workers: int) -> None:
+    """Fail fast when ``max_workers`` pipes (two while a pool is replaced) cannot be open.
+
+    Raises:
+        ValueError: the process's open-file limit is too low, naming both fixes.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return
+    needed = 2 * max_workers + SPARE_FILES
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        raise ValueError(
+            f"max_workers={max_workers} on the fork backend needs about {needed} open "
+            f"files (a pipe per worker, two pools' worth while one replaces the other), "
+            f"but this process may open {soft} (ulimit -n). Lower max_workers to at most "
+            f"{max(1, (soft - SPARE_FILES) // 2)}, or raise the limit (ulimit -n, or "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) before creating the executor)"
+        )
+
+
 class _Prepared:
     """What :meth:`ForkBackend.prepare` returns for a shared callable.
 
@@ -934,6 +1005,7 @@ class ForkBackend(Backend):
         self._initializer = initializer
         self.max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
         self._box = _initializer.Breakage()
+        _check_open_files(self.max_workers)
         self._cpu_count = cpu_count
         self._lock = threading.RLock()
         self._entries: dict[Hashable, _Entry] = {}

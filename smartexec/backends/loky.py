@@ -63,6 +63,9 @@ class _ReplyFuture(ChainedFuture):
             self.set_running_or_notify_cancel()
             return
         if not self.set_running_or_notify_cancel():
+            # Cancelled while loky ran it anyway: nobody reads this reply.
+            if inner.exception() is None:
+                transport.discard_reply(inner.result())
             return
         error = inner.exception()
         if error is not None:
@@ -246,6 +249,9 @@ class LokyBackend(Backend):
             # Kill first: cancelling loky's own futures while its manager thread
             # still runs makes it log an InvalidStateError.
             pool.shutdown(wait=True, kill_workers=True)
+            # Named segments (the fallback) of replies the killed workers made
+            # and nobody will read; anonymous memory died with them.
+            transport.sweep_dead_workers()
         for future in pending:
             future.cancel()
         self._cache.close()

@@ -2,7 +2,9 @@
 
 Right for work that releases the GIL (numpy kernels, hashing, compression,
 I/O) and for any work on a free-threaded build: nothing is pickled and the
-workers share the caller's memory.
+workers share the caller's memory. While several chunks run at once, the
+process's BLAS pools are capped so that chunks x BLAS threads stay within the
+CPUs (:class:`smartexec._blas.ThreadCap`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
 
 from .. import _initializer
+from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ._base import Backend
@@ -88,6 +91,7 @@ class ThreadBackend(Backend):
         self._initargs = _initializer.check(initializer, initargs)
         self._initializer = initializer
         self._box = _initializer.Breakage()
+        self._cpu_count = cpu_count
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pending = 0  # chunks submitted and not finished
@@ -158,14 +162,13 @@ class ThreadBackend(Backend):
         box = None if self._initializer is None else self._box
         try:
             if timeout_s is None:
-                if box is None:
-                    future = pool.submit(run_chunk, fn, chunk, False, budget_s)
-                else:
-                    future = pool.submit(_run_checked, box, fn, chunk, budget_s)
+                future = pool.submit(_run_capped, box, self._cpu_count, fn, chunk, budget_s)
                 future.add_done_callback(self._finished)
                 return future
             outer: Future[ChunkResult] = Future()
-            inner = pool.submit(_run_with_deadline, outer, fn, chunk, budget_s, timeout_s, box)
+            inner = pool.submit(
+                _run_with_deadline, outer, fn, chunk, budget_s, timeout_s, box, self._cpu_count
+            )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
             raise
@@ -190,16 +193,22 @@ def release_idle_thread_pools() -> None:
         backend.release_idle()
 
 
-def _run_checked(
-    box: _initializer.Breakage, fn: Any, chunk: Sequence[Call], budget_s: float | None
+def _run_capped(
+    box: _initializer.Breakage | None,
+    cpu_count: int,
+    fn: Any,
+    chunk: Sequence[Call],
+    budget_s: float | None,
 ) -> ChunkResult:
-    """Run a chunk in a pool thread, unless the initializer failed.
+    """Run a chunk in a pool thread, BLAS capped while others run, unless the initializer failed.
 
     Raises:
         ThreadInitializerError: the initializer raised (in this thread or another).
     """
-    box.raise_if_broken()
-    return run_chunk(fn, chunk, False, budget_s)
+    if box is not None:
+        box.raise_if_broken()
+    with THREAD_CAP.running(cpu_count):
+        return run_chunk(fn, chunk, False, budget_s)
 
 
 def _run_with_deadline(
@@ -209,6 +218,7 @@ def _run_with_deadline(
     budget_s: float | None,
     timeout_s: float,
     box: _initializer.Breakage | None = None,
+    cpu_count: int = 1,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
         return
@@ -236,7 +246,7 @@ def _run_with_deadline(
     timer.daemon = True
     timer.start()
     try:
-        result = run_chunk(fn, chunk, False, budget_s)
+        result = _run_capped(None, cpu_count, fn, chunk, budget_s)
     except BaseException as exc:
         result = None
         error: BaseException | None = exc

@@ -7,7 +7,6 @@ own (copy-on-write), never seen by the caller or another task.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -39,7 +38,7 @@ def is_writable(a):
 
 
 def ours() -> set[str]:
-    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+    return set(_shm.live())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -92,12 +91,7 @@ def test_peak_shared_memory_is_bounded_by_the_window():
 
     def sample():
         while not stop.is_set():
-            used = 0
-            for name in ours():
-                try:
-                    used += os.stat(f"{_shm.SHM_DIR}/{name}").st_size
-                except OSError:
-                    pass
+            used = sum(_shm.live().values())
             peak[0] = max(peak[0], used)
             stop.wait(0.005)
 

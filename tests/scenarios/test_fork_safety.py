@@ -10,6 +10,7 @@ the user's own threads run.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -20,6 +21,11 @@ from .. import _children
 from . import _reliability_workloads as w
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def inherited_a_held_lock(parent_pid):
+    """True in a process forked while another thread held ``w.LOCK``: it waits for ever there."""
+    return os.getpid() != parent_pid and w.LOCK.locked()
 
 
 def test_no_fork_happens_while_a_thread_of_ours_runs():
@@ -123,3 +129,74 @@ def test_a_shared_object_still_forks_with_the_users_threads_and_says_so():
     finally:
         stop.set()
         thread.join(10)
+
+
+@pytest.mark.parametrize("where", ["constructor", "map"])
+def test_task_timeout_with_the_users_threads_never_forks_and_explain_says_so(where):
+    """Issue 13: task_timeout moved work back to fork while a user thread held a lock.
+
+    The forked worker inherited the lock held and waited on it. Safety wins:
+    the work stays off fork (threads, which fail the future at the deadline)
+    and ``explain`` says what really runs.
+    """
+    stop = threading.Event()
+    holding = threading.Event()
+
+    def hold():
+        with w.LOCK:
+            holding.set()
+            stop.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    holding.wait(10)
+    kwargs = {"task_timeout": 30} if where == "constructor" else {}
+    map_kwargs = {} if where == "constructor" else {"task_timeout": 30}
+    try:
+        with SmartExecutor(2, **kwargs) as ex:
+            parent = [os.getpid()] * 4
+            results = list(ex.map(inherited_a_held_lock, parent, chunksize=1, **map_kwargs))
+            assert results == [False] * 4  # a forked worker inherits w.LOCK held
+            ran = ex.decisions()[-1]
+            assert ran.backend != "fork", str(ran)
+            if where == "constructor":
+                decision = ex.explain(inherited_a_held_lock)
+                assert decision.backend == ran.backend, (str(decision), str(ran))
+                assert "other thread" in str(decision) and "task_timeout" in str(decision)
+    finally:
+        stop.set()
+        holder.join(10)
+
+
+@pytest.mark.timeout(120)
+def test_hundreds_of_fork_workers_neither_hang_map_nor_shutdown():
+    """Issue 13: max_workers=10_000 on fork hung map and shutdown.
+
+    The parent asked the zygote for every worker before reading its replies;
+    about 280 replies fill the SOCK_SEQPACKET buffer, the zygote blocked in
+    send and the parent in send_fds. 600 workers pass that point (10_000
+    would fork for minutes on a small test machine: same code path).
+    """
+    result = _children.run_python(
+        """
+        from smartexec import SmartExecutor
+        with SmartExecutor(600, backend="fork") as ex:
+            assert list(ex.map(abs, range(-1200, 0), chunksize=1)) == list(range(1200, 0, -1))
+        print("done", flush=True)
+        """,
+        timeout=90,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "done" in result.stdout
+
+
+def test_more_fork_workers_than_open_files_allow_fail_fast_and_say_why():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with pytest.raises(ValueError, match="open files") as caught:
+        SmartExecutor(soft, backend="fork")
+    assert f"max_workers={soft}" in str(caught.value) and "ulimit -n" in str(caught.value)
+    with SmartExecutor(soft) as ex:  # routed to fork later: the same error, from map
+        with pytest.raises(ValueError, match="open files"):
+            list(ex.map(w.square, range(4), chunksize=1))

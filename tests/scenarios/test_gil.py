@@ -118,7 +118,10 @@ def test_first_map_measures_the_gil_and_routes(name, backend, kinds, tmp_path):
         assert before.backend == "fork" and before.measure  # unmeasured: processes
         results = list(ex.map(fn, items))
         after = ex.explain(fn)
-    assert results == [fn(x) for x in items]  # the watched items' results are kept
+    expected = [fn(x) for x in items]
+    if name == "matrix_product":  # BLAS sums in another order with fewer threads
+        expected = pytest.approx(expected, rel=1e-12)
+    assert results == expected  # the watched items' results are kept
     assert after.gil is not None, after
     assert after.gil.kind in kinds, str(after)
     assert after.backend == backend, str(after)

@@ -58,7 +58,7 @@ def lookup(table, i):
 
 
 def ours() -> set[str]:
-    return {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(f"{_shm.PREFIX}{os.getpid()}_")}
+    return set(_shm.live())
 
 
 def test_a_bound_object_is_pickled_once_and_unpickled_once_per_worker():
@@ -142,5 +142,4 @@ def test_distinct_workers_share_one_copy_in_memory():
     model = Model(64 * MiB)
     with SmartExecutor(2, backend="loky") as ex:
         list(ex.map(model.score, range(40), chunksize=1))
-        segments = ours()
-        assert sum(os.stat(f"{_shm.SHM_DIR}/{n}").st_size for n in segments) < 65 * MiB
+        assert sum(_shm.live().values()) < 65 * MiB

@@ -19,7 +19,7 @@ import pytest
 from smartexec import SmartExecutor, WorkerCrashedError, _shm
 from smartexec.errors import RemoteError
 
-from .._children import run_python
+from .._children import run_python, session_processes, start_python
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,8 +49,28 @@ def die_holding_a_result(a, i, owner):
 
 
 def segments_of(pid: int) -> list[str]:
+    """Shared memory of process ``pid``: in /dev/shm, and for this process what it holds."""
     prefix = f"{_shm.PREFIX}{pid}_"
-    return sorted(n for n in os.listdir(_shm.SHM_DIR) if n.startswith(prefix))
+    found = {n for n in os.listdir(_shm.SHM_DIR) if n.startswith(prefix)}
+    if pid == os.getpid():
+        found |= set(_shm.live())
+    return sorted(found)
+
+
+def big_result(i, seconds=0.3):
+    time.sleep(seconds)
+    return np.full(2 * MiB // 8, i, dtype=np.float64)
+
+
+def big_echo(a, seconds=0.3):
+    time.sleep(seconds)
+    return a + 1
+
+
+def dev_shm_of(pid: int) -> list[str]:
+    """What /dev/shm holds for ``pid``: our segments and loky's semaphores."""
+    marks = (f"{_shm.PREFIX}{pid}_", f"loky-{pid}-")
+    return sorted(n for n in os.listdir(_shm.SHM_DIR) if any(m in n for m in marks))
 
 
 def wait_until_gone(pid: int, within: float = 10.0) -> list[str]:
@@ -100,10 +120,16 @@ def test_a_reply_whose_segment_vanished_fails_only_its_chunk(monkeypatch):
     real = transport.loads_reply
 
     def lose_segments(data):
-        for name, _ in transport._split(data)[1]:
-            _shm.unlink(name)
-        return real(data)
+        def gone(name, nbytes, *, private):
+            raise FileNotFoundError(f"shared memory {name} is gone")
 
+        monkeypatch.setattr(transport._shm, "attach", gone)
+        try:
+            return real(data)
+        finally:
+            monkeypatch.setattr(transport._shm, "attach", attach)
+
+    attach = transport._shm.attach
     monkeypatch.setattr(transport, "loads_reply", lose_segments)
     with SmartExecutor(2, backend="fork") as ex:
         error = ex.submit(np.ones, 2 * MiB // 8).exception(timeout=60)
@@ -184,3 +210,170 @@ os.kill(os.getpid(), signal.SIGKILL)
     # fork workers notice their parent is gone within a second or so (their
     # sleeping tasks finish first); the tracker then sees the last writer go
     assert wait_until_gone(pid, within=20) == []
+
+
+KILLED = """
+import os, signal, time
+import numpy as np
+from smartexec import SmartExecutor, _shm
+from tests.scenarios.test_shm_leaks import big_echo, big_result
+
+print(os.getpid(), _shm.anonymous(), flush=True)
+ex = SmartExecutor(2, backend={backend!r})
+arrays = [np.full(2 * 1024 * 1024 // 8, i, dtype=np.float64) for i in range(8)]
+ex.submit(big_result, 0, 0.0).result()  # the workers are up
+futures = [ex.submit(big_result, i, 0.4) for i in range(8)]  # results: 2 MiB arrays
+futures += [ex.submit(big_echo, a, 0.4) for a in arrays]  # big arguments too
+time.sleep(1.0)  # some results are read, some are being made, some queued
+{kill}
+time.sleep(30)
+"""
+
+KILLS = {
+    "parent": "os.kill(os.getpid(), signal.SIGKILL)",
+    # a Jupyter kernel shut down at once: its whole group, resource trackers included
+    "process_group": "os.killpg(0, signal.SIGKILL)",
+}
+
+
+def wait_for_nothing_left(sid: int, pid: int, within: float = 20.0) -> tuple[dict, list]:
+    deadline = time.monotonic() + within
+    while True:
+        procs, shm = session_processes(sid), dev_shm_of(pid)
+        if (not procs and all(n.startswith("sem.loky-") for n in shm)) or (
+            time.monotonic() > deadline
+        ):
+            return procs, shm
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kill", sorted(KILLS))
+def test_nothing_is_left_when_every_process_of_ours_is_killed(backend, kill):
+    """Issue 13: a SIGKILLed parent left result segments; a killed group left 40 (92 MB).
+
+    Anonymous memory (memfd) dies with the last process that holds it: no
+    name is left anywhere, and no survivor has to sweep. The workers notice
+    their parent is gone and exit.
+    """
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc: named segments need a survivor to sweep")
+    proc = start_python(KILLED.format(backend=backend, kill=KILLS[kill]))
+    try:
+        pid = int(proc.stdout.readline().split()[0])
+        # not communicate(): an orphaned worker would hold the pipes open
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        procs, shm = wait_for_nothing_left(proc.pid, pid)
+        # loky's own semaphores (sem.loky-<pid>-*) are named: its workers open
+        # them by name when they start. Only loky's resource tracker removes
+        # them, so they stay when it is killed with the group (docs/reliability.md).
+        ours = [n for n in shm if not n.startswith("sem.loky-")]
+        assert ours == [] and procs == {}, (shm, procs)
+    finally:
+        _kill_session(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+import numpy as np
+from smartexec import SmartExecutor, _shm
+from tests._children import child_processes
+from tests.scenarios.test_shm_leaks import big_echo, held_by
+
+arrays = [np.full(8 * 1024 * 1024 // 8, i, dtype=np.float64) for i in range(40)]
+for ending in ("with", "without"):
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        if ending == "with":  # leaving the block kills the workers mid-chunk
+            with SmartExecutor(2, backend="loky") as ex:
+                for value in ex.map(big_echo, arrays, [0.05] * 40, chunksize=1):
+                    del value
+        else:
+            ex = SmartExecutor(2, backend="loky")
+            for value in ex.map(big_echo, arrays, [0.05] * 40, chunksize=1):
+                del value
+    except KeyboardInterrupt:
+        kept = sys.exc_info()  # as Jupyter keeps it (sys.last_traceback)
+    deadline = time.monotonic() + 5
+    while held_by(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(ending, "left", held_by(os.getpid()), flush=True)
+    ex.shutdown()
+"""
+
+
+def held_by(pid: int) -> int:
+    """Shared memory made for ``pid`` that nobody can use any more.
+
+    Its /dev/shm segments, its own live handles (``pid`` is this process), and
+    the memfds its workers hold. Not the parent's mappings: a map kept alive
+    by a traceback still holds the results it had received.
+    """
+    from .._children import child_processes
+
+    count = len([n for n in dev_shm_of(pid) if n.startswith(_shm.PREFIX)]) + len(_shm.live())
+    for proc in child_processes(pid):
+        try:
+            fds = os.listdir(f"/proc/{proc}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                count += os.readlink(f"/proc/{proc}/fd/{fd}").startswith("/memfd:smx")
+            except OSError:
+                pass
+    return count
+
+
+@pytest.mark.parametrize("memory", ["anonymous", "named"])
+def test_ctrl_c_on_loky_lets_go_of_the_maps_memory_at_once(memory, monkeypatch):
+    """Issue 13: after Ctrl-C on loky, the process kept its segments until it exited.
+
+    Both endings of an interrupted map: inside a ``with`` block (leaving it
+    kills the workers mid-chunk) and outside one (the map kept alive by its
+    traceback, as in Jupyter). With named segments, a killed worker's reply
+    segment stayed until exit (2 runs of 3 before the fix); anonymous memory
+    dies with the worker.
+    """
+    if memory == "anonymous" and not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setenv("SMARTEXEC_SHM", memory)
+    result = run_python(INTERRUPTED, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "with left 0" in result.stdout, result.stdout + result.stderr
+    assert "without left 0" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_idle_loky_worker_exits_soon_after_its_parent_is_killed():
+    """Issue 13: orphaned loky workers lived on (and kept loky's resource tracker alive)."""
+    proc = start_python(
+        """
+        import os, signal
+        from smartexec import SmartExecutor
+        ex = SmartExecutor(1, backend="loky")
+        print(os.getpid(), ex.submit(abs, -1).result(), flush=True)  # the worker served one
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    try:
+        assert proc.stdout.readline().split()[1] == "1"
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(proc.pid) == {}
+    finally:
+        _kill_session(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()

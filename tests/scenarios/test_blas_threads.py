@@ -1,0 +1,65 @@
+"""Issue 13: BLAS on the thread route.
+
+Three concurrent calls on threads each ran a 2-thread BLAS on 2 CPUs (6
+threads). Process workers get ``cpus // workers`` BLAS threads each; thread
+workers share one process's pools, which smartexec caps while chunks overlap.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from smartexec import SmartExecutor
+from smartexec._system import current_platform
+
+np = pytest.importorskip("numpy")
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def blas_threads() -> int:
+    """The BLAS threads a call made now would use (the largest loaded pool)."""
+    pools = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    return max(pools, default=0)
+
+
+def seen_by_concurrent_tasks(n: int) -> list[int]:
+    """Run ``n`` tasks on threads, all at once; each reports the BLAS threads it sees."""
+    barrier = threading.Barrier(n)
+    a = np.ones((64, 64))
+
+    def task(_):
+        barrier.wait(10)  # every task is running
+        seen = blas_threads()
+        barrier.wait(10)  # every task has looked before any finishes
+        float((a @ a).sum())
+        return seen
+
+    with SmartExecutor(n, backend="thread") as ex:
+        return list(ex.map(task, range(n), chunksize=1))
+
+
+@pytest.mark.parametrize("user_limit", [None, 1])
+def test_concurrent_thread_chunks_share_the_cpus_among_blas_threads(user_limit):
+    original = blas_threads()
+    if original < 2:
+        pytest.skip("one BLAS thread here already: nothing to cap")
+    cpus = current_platform().cpu_count
+    if user_limit is None:
+        seen = seen_by_concurrent_tasks(3)
+        assert seen == [max(1, min(original, cpus // 3))] * 3
+    else:
+        with threadpoolctl.threadpool_limits(user_limit):  # the user's own limit stands
+            seen = seen_by_concurrent_tasks(3)
+            assert blas_threads() == user_limit
+        assert seen == [user_limit] * 3
+    assert blas_threads() == original  # put back once no chunk runs
+
+
+def test_one_chunk_at_a_time_keeps_every_blas_thread():
+    original = blas_threads()
+    with SmartExecutor(1, backend="thread") as ex:
+        assert ex.submit(blas_threads).result(timeout=30) == original
