@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from ._remote import Call
-from .errors import PayloadPicklingError, ResultPicklingError, WorkerProtocolError
+from .errors import (
+    PayloadPicklingError,
+    RemoteTraceback,
+    ResultPicklingError,
+    WorkerProtocolError,
+)
 from .inspection import callable_name, locate_unpicklable
 
 __all__ = ["pickling_error", "is_pickling_failure", "task_unpickling_error", "reply_unpickling_error"]
@@ -41,7 +47,9 @@ def reply_unpickling_error(name: str, exc: BaseException, backend: str) -> Worke
 
     Args:
         name: what was called, e.g. ``"Index.query()"``.
-        exc: the unpickler's error here; it becomes the ``__cause__``.
+        exc: the unpickler's error here; it becomes the ``__cause__``, its
+            traceback kept as text (a :class:`~smartexec.errors.RemoteTraceback`
+            as its own ``__cause__``).
         backend: the backend's name, e.g. ``"fork"``.
 
     Returns:
@@ -55,6 +63,12 @@ def reply_unpickling_error(name: str, exc: BaseException, backend: str) -> Worke
         f"process can import. Only this call failed; the executor is still usable.",
         stage="reply",
     )
+    # Keep the traceback as text: its frames lead up into the thread that
+    # read the reply (loky's manager thread), whose pool they would keep alive.
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    exc.__traceback__ = None
+    if exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
     error.__cause__ = exc
     return error
 
