@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import concurrent.futures as cf
 import threading
 import time
@@ -309,3 +310,135 @@ def test_decision_log_is_bounded():
         for i in range(DECISION_LOG_SIZE + 50):
             ex.submit(lambda x=i: x)
         assert len(ex.decisions()) == DECISION_LOG_SIZE
+
+
+# -- submit returns at once; pickling errors on the future ------------------------
+
+
+class SlowToPickle:
+    """Its ``__reduce__`` blocks until ``release`` is set (at most 10 s)."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.finished = False
+
+    def __reduce__(self):
+        self.started.set()
+        self.release.wait(10)
+        self.finished = True
+        return (int, (7,))
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_submit_of_an_unpicklable_argument_returns_a_future_that_raises(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        futures = [ex.submit(square, threading.Lock()), ex.submit(square, 3)]  # no raise
+        with pytest.raises(pickle.PicklingError, match="argument 0"):
+            futures[0].result(timeout=60)
+        assert futures[1].result(timeout=60) == 9  # the others are not lost
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_submit_returns_before_a_slow_argument_is_pickled(backend):
+    slow = SlowToPickle()
+    with SmartExecutor(2, backend=backend) as ex:
+        future = ex.submit(abs, slow)
+        assert not slow.finished  # submit returned while __reduce__ still ran (or had not run)
+        assert not future.done()
+        slow.release.set()
+        assert future.result(timeout=60) == 7
+
+
+def test_map_timeout_holds_while_an_argument_is_pickled():
+    slow = SlowToPickle()
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(abs, [slow], timeout=0.5)
+        assert not slow.finished  # map() returned while pickling ran
+        with pytest.raises(cf.TimeoutError):
+            next(results)
+        assert not slow.finished  # and the timeout did not wait for the pickle
+        slow.release.set()
+
+
+@pytest.mark.parametrize("backend", [None, "fork", "loky", "thread"])
+def test_the_submit_future_class_builds_with_no_arguments(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        future = ex.submit(square, 3)
+        assert future.result(timeout=60) == 9
+    fresh = type(future)()
+    assert isinstance(fresh, cf.Future)
+    assert not fresh.done() and not fresh.running()
+    assert fresh.cancel() and fresh.cancelled()
+    other = type(future)()
+    assert other.set_running_or_notify_cancel() and other.running()
+    other.set_result(5)
+    assert other.result() == 5
+
+
+# -- cancellation until a worker takes the call ------------------------------------
+
+
+def _lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+#: Seconds the cancellation tests leave a pool between submitting calls and
+#: cancelling them: loky used to move calls into its call queue (marking them
+#: running, no longer cancellable) within milliseconds.
+SETTLE_S = 0.3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_call_waiting_for_a_worker_stays_cancellable(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate, started, log = (str(tmp_path / name) for name in ("gate", "started", "log"))
+    with SmartExecutor(2, backend=backend) as ex:
+        blockers = [ex.submit(w.wait_for_file, gate, started) for _ in range(2)]
+        while len(_lines(started)) < 2:  # both workers busy
+            time.sleep(0.01)
+        queued = [ex.submit(w.append_line, log, i) for i in range(12)]
+        time.sleep(SETTLE_S)
+        running = [f.running() for f in queued]
+        cancelled = [f.cancel() for f in queued]
+        open(gate, "w").close()
+        cf.wait(blockers, timeout=60)
+    assert running == [False] * 12
+    assert cancelled == [True] * 12
+    assert _lines(log) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", [None, "fork", "loky"])
+def test_asyncio_calls_cancelled_before_they_start_never_run(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate, started, log = (str(tmp_path / name) for name in ("gate", "started", "log"))
+
+    async def main(ex):
+        loop = asyncio.get_running_loop()
+        blockers = [loop.run_in_executor(ex, w.wait_for_file, gate, started) for _ in range(2)]
+        while len(_lines(started)) < 2:
+            await asyncio.sleep(0.01)
+        calls = [
+            asyncio.ensure_future(loop.run_in_executor(ex, w.append_line, log, i))
+            for i in range(12)
+        ]
+        await asyncio.sleep(SETTLE_S)
+        for call in calls:
+            call.cancel()  # asyncio cancels the executor's future in turn
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        open(gate, "w").close()
+        await asyncio.gather(*blockers)
+        return outcomes
+
+    with SmartExecutor(2, backend=backend) as ex:
+        outcomes = asyncio.run(main(ex))
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+    assert _lines(log) == []

@@ -65,8 +65,13 @@ def square(x):
     return x * x
 
 
-def wait_for_file(path, limit_s=30.0):
-    """Block until ``path`` exists (the test's gate), at most ``limit_s`` seconds."""
+def wait_for_file(path, started=None, limit_s=30.0):
+    """Block until ``path`` exists (the test's gate), at most ``limit_s`` seconds.
+
+    With ``started``, first append a line to that file (the test waits for it).
+    """
+    if started is not None:
+        append_line(started, os.getpid())
     deadline = time.monotonic() + limit_s
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
