@@ -15,7 +15,13 @@ from .errors import (
 )
 from .inspection import callable_name, locate_unpicklable
 
-__all__ = ["pickling_error", "is_pickling_failure", "task_unpickling_error", "reply_unpickling_error"]
+__all__ = [
+    "pickling_error",
+    "is_pickling_failure",
+    "task_unpickling_error",
+    "reply_unpickling_error",
+    "detach_traceback",
+]
 
 
 def task_unpickling_error(name: str, exc: BaseException, backend: str) -> WorkerProtocolError:
@@ -63,14 +69,29 @@ def reply_unpickling_error(name: str, exc: BaseException, backend: str) -> Worke
         f"process can import. Only this call failed; the executor is still usable.",
         stage="reply",
     )
-    # Keep the traceback as text: its frames lead up into the thread that
-    # read the reply (loky's manager thread), whose pool they would keep alive.
+    # Its frames lead up into the thread that read the reply (loky's manager
+    # thread), whose pool they would keep alive.
+    error.__cause__ = detach_traceback(exc)
+    return error
+
+
+def detach_traceback(exc: BaseException) -> BaseException:
+    """Keep ``exc``'s traceback as text only; return ``exc``.
+
+    For an error caught in one of smartexec's threads (the sender, a
+    dispatcher, loky's manager) and set on a future: its traceback's frames
+    lead up through that thread's stack, and would keep the thread's objects
+    (a pool, the ``Thread``) alive as long as the future. The text becomes a
+    :class:`~smartexec.errors.RemoteTraceback`, set as ``exc.__cause__``
+    unless it has one.
+    """
+    if exc.__traceback__ is None:
+        return exc
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     exc.__traceback__ = None
     if exc.__cause__ is None:
         exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
-    error.__cause__ = exc
-    return error
+    return exc
 
 
 def is_pickling_failure(exc: BaseException) -> bool:

@@ -51,7 +51,12 @@ from typing import Any
 
 from .. import trampoline, transport
 from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
-from .._diagnose import pickling_error, reply_unpickling_error, task_unpickling_error
+from .._diagnose import (
+    detach_traceback,
+    pickling_error,
+    reply_unpickling_error,
+    task_unpickling_error,
+)
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult
 from .._sender import Sender, pause_senders, quick_to_pickle
@@ -950,6 +955,8 @@ class ForkBackend(Backend):
             payload, lease = transport.dumps_request(target, calls, budget_s, cache=self._cache)
         except BaseException as exc:
             error: BaseException = exc
+            if not inline:  # set on the future from the sender thread: see detach_traceback
+                detach_traceback(exc)
             if isinstance(exc, Exception):
                 error = pickling_error(blame, calls, exc, self.name)
                 error.__cause__ = exc

@@ -40,7 +40,12 @@ from typing import Any
 
 from .. import transport
 from .._blas import thread_env, threads_per_worker
-from .._diagnose import pickling_error, reply_unpickling_error, task_unpickling_error
+from .._diagnose import (
+    detach_traceback,
+    pickling_error,
+    reply_unpickling_error,
+    task_unpickling_error,
+)
 from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult
 from .._sender import Sender, quick_to_pickle
@@ -187,6 +192,8 @@ class LokyBackend(Backend):
                 payload, lease = transport.dumps_request(fn, calls, budget_s, cache=self._cache)
             except BaseException as exc:
                 error: BaseException = exc
+                if not inline:  # set on the future from the sender thread: see detach_traceback
+                    detach_traceback(exc)
                 if isinstance(exc, Exception):
                     error = pickling_error(user_fn, calls, exc, self.name)
                     error.__cause__ = exc
