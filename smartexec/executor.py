@@ -239,9 +239,7 @@ class _CallFuture(ChainedFuture):
         retries: int = 0,
     ):
         super().__init__(inner)
-        self._origin: tuple[Any, Call, str] | None = (
-            None if call is None else (fn, call, backend)
-        )
+        self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
         self._resend = resend
         self._retries = retries
         if inner is not None:

@@ -207,7 +207,10 @@ EXCLUDED_ON_ROUTE: dict[tuple[str, str | None], str] = {
     # TODO(merge): the map helper's "a default map never runs a process-routed
     # callable's items in the caller" (issue 13, item 4) makes this pass; until
     # then the default map runs the first items here and the segfault kills pytest.
-    ("ExecutorDeadlockTest.test_crash_big_data", None): "the default map measures the first items in this process (a segfault there kills the test run)",
+    (
+        "ExecutorDeadlockTest.test_crash_big_data",
+        None,
+    ): "the default map measures the first items in this process (a segfault there kills the test run)",
 }
 
 #: Generic-mixin tests replaced by an adaptation, and why. The stdlib versions

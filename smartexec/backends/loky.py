@@ -222,6 +222,7 @@ class LokyBackend(Backend):
                     pool = self._pool if stop else None
                     break
                 payload, future._payload = future._payload, None
+                assert payload is not None  # _next_chunk returns pickled chunks only
                 self._in_loky.add(future)
                 pool = self._pool
             try:
@@ -229,7 +230,7 @@ class LokyBackend(Backend):
             except BaseException as exc:  # loky refused it (shut down at exit)
                 with self._lock:
                     self._in_loky.discard(future)
-                future.set_exception(exc)
+                future.set_exception(detach_traceback(exc))
                 continue
             future._follow(inner)
             future.add_done_callback(self._finished)
@@ -275,7 +276,7 @@ class LokyBackend(Backend):
 
     def _finished(self, future: Future[ChunkResult]) -> None:
         with self._lock:
-            self._in_loky.discard(future)  # type: ignore[arg-type]
+            self._in_loky.discard(future)
         self._feed()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
