@@ -926,14 +926,21 @@ class ForkBackend(Backend):
             target, keepalive, token, name, plain = fn, None, None, callable_name(fn), fn
         calls = list(chunk)
         task = _Task(Future(), None, keepalive, name, timeout_s, len(calls))
-        with self._lock:  # no other thread may retire the pool in between
-            # In this thread: a new pool forks its zygote here, never in the sender.
-            self._pool_covering(token).submit(task)
         blame = keepalive if keepalive is not None else fn
-
-        if self._sender.idle() and quick_to_pickle(plain, calls):
+        inline = self._sender.idle() and quick_to_pickle(plain, calls)
+        if inline:  # pickled before it is queued: one wake-up, nothing to wait for
             self._pickle(task, target, calls, budget_s, blame, inline=True)
-        else:
+            if task.future.done():
+                return task.future  # it could not be pickled
+        try:
+            with self._lock:  # no other thread may retire the pool in between
+                # In this thread: a new pool forks its zygote here, never in the sender.
+                self._pool_covering(token).submit(task)
+        except BaseException:
+            if inline:
+                task.future.cancel()  # releases its lease
+            raise
+        if not inline:
             self._sender.put(lambda: self._pickle(task, target, calls, budget_s, blame))
         return task.future
 

@@ -170,9 +170,15 @@ class LokyBackend(Backend):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if self._pool is None:
                 self._pool = self._new_pool()
-            self._queue.append(future)
-        if self._sender.idle() and quick_to_pickle(fn, calls):
+        inline = self._sender.idle() and quick_to_pickle(fn, calls)
+        if inline:  # pickled before it is queued
             self._pickle(future, fn, user_fn, calls, budget_s, inline=True)
+            if future.done():
+                return future  # it could not be pickled
+        with self._lock:
+            self._queue.append(future)
+        if inline:
+            self._feed()
         else:
             self._sender.put(lambda: self._pickle(future, fn, user_fn, calls, budget_s))
         return future
@@ -201,13 +207,15 @@ class LokyBackend(Backend):
                     future.set_exception(error)
                 except InvalidStateError:
                     pass  # cancelled meanwhile
-                self._feed()
+                if not inline:
+                    self._feed()
                 if inline and not isinstance(exc, Exception):
                     raise  # Ctrl-C while pickling in the caller's thread
                 return
             lease.release_when_done(future)  # its shared-memory segments live until then
             future._payload = payload
-        self._feed()
+        if not inline:  # else submit_chunk queues it, then feeds
+            self._feed()
 
     def _feed(self) -> None:
         """Hand loky the queue's first chunks, in order, while it has an idle worker."""
