@@ -14,9 +14,11 @@ from .errors import (
     BackendUnavailableError,
     PayloadPicklingError,
     RemoteError,
+    ResultPicklingError,
     TaskTimeoutError,
     UnknownBackendError,
     WorkerCrashedError,
+    WorkerProtocolError,
 )
 from .executor import SmartExecutor
 from .policy import Decision
@@ -32,6 +34,8 @@ __all__ = [
     "available_backends",
     "PayloadPicklingError",
     "WorkerCrashedError",
+    "WorkerProtocolError",
+    "ResultPicklingError",
     "TaskTimeoutError",
     "RemoteError",
     "UnknownBackendError",
