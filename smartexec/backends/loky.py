@@ -303,6 +303,7 @@ class LokyBackend(Backend):
             if pool is not None:
                 # kill_workers=False lets running chunks finish, as the stdlib does.
                 pool.shutdown(wait=True, kill_workers=False)
+            self._sender.wait_idle()  # broken pools replaced meanwhile are shut down there
             self._cache.close()
             return
         with self._lock:
