@@ -361,6 +361,39 @@ def test_map_timeout_holds_while_an_argument_is_pickled():
         slow.release.set()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_shutdown_cancel_futures_cancels_calls_still_to_be_pickled(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate = str(tmp_path / "gate")
+    first, second = SlowToPickle(), SlowToPickle()
+    ex = SmartExecutor(1, backend=backend)
+    try:
+        blocker = ex.submit(w.wait_for_file, gate)  # the only worker is busy
+        pickling = ex.submit(abs, first)
+        waiting = ex.submit(abs, second)  # behind the first in the sender
+        assert first.started.wait(30)
+        ex.shutdown(wait=False, cancel_futures=True)
+        assert pickling.cancelled() and waiting.cancelled()
+        first.release.set()
+    finally:
+        open(gate, "w").close()
+        ex.shutdown(wait=True)
+    assert blocker.result(timeout=60)
+    assert not second.started.is_set()  # never pickled
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_shutdown_waits_for_a_call_still_being_pickled(backend):
+    slow = SlowToPickle()
+    ex = SmartExecutor(2, backend=backend)
+    future = ex.submit(abs, slow)
+    threading.Thread(target=lambda: (slow.started.wait(30), slow.release.set())).start()
+    ex.shutdown(wait=True)
+    assert future.done() and future.result() == 7
+
+
 @pytest.mark.parametrize("backend", [None, "fork", "loky", "thread"])
 def test_the_submit_future_class_builds_with_no_arguments(backend):
     with SmartExecutor(2, backend=backend) as ex:
