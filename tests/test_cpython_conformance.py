@@ -11,7 +11,11 @@ Each generic mixin runs under the default routing (``backend=None``) and with
 the route forced to each backend in :data:`PLAN`. A few tests of the stdlib's
 pool-specific classes check executor-agnostic behaviour and are borrowed
 (:data:`BORROWED`); everything else in those classes inspects stdlib internals
-or stdlib-only features and is listed in :data:`EXCLUDED` with the reason.
+or stdlib-only features and is listed in :data:`EXCLUDED` with the reason (and
+in :data:`EXCLUDED_ON_ROUTE` when only one route leaves it out).
+``ExecutorDeadlockTest`` (workers that crash or exit, tasks and results that
+fail to pickle or unpickle) runs on every process route; ``FutureTests`` runs
+once, against the class ``submit`` returns (:func:`_future_tests`).
 
 Many Python builds (several distributions, some pyenv builds) leave the
 ``test`` package out; this module is then skipped.
