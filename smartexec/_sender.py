@@ -12,7 +12,8 @@ chunk's place (its future) first, then pickle it:
   :data:`MAX_QUICK_ARRAY_BYTES`) and nothing is waiting in the sender: such a
   pickle takes microseconds, less than waking another thread for it, and an
   error is still set on the future (2000 ``submit(abs, -i)`` on fork cost
-  ~110 us each before and after this change, 2-core machine, 2026-12);
+  110-290 us each before and after this change, the same within the noise
+  of a busy 2-core machine, 2026-12);
 * otherwise by the backend's :class:`Sender`, a thread named
   ``smartexec-<backend>-sender`` that runs jobs in the order they came, so
   chunks reach workers in submission order. Anything that is not plain data
