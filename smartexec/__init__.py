@@ -16,10 +16,12 @@ from .errors import (
     PayloadPicklingError,
     ProcessInitializerError,
     RemoteError,
+    ResultPicklingError,
     TaskTimeoutError,
     ThreadInitializerError,
     UnknownBackendError,
     WorkerCrashedError,
+    WorkerProtocolError,
 )
 from .executor import SmartExecutor
 from .policy import Decision
@@ -38,6 +40,8 @@ __all__ = [
     "InitializerError",
     "ProcessInitializerError",
     "ThreadInitializerError",
+    "WorkerProtocolError",
+    "ResultPicklingError",
     "TaskTimeoutError",
     "RemoteError",
     "UnknownBackendError",

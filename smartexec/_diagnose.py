@@ -2,14 +2,96 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from ._remote import Call
-from .errors import PayloadPicklingError
+from .errors import (
+    PayloadPicklingError,
+    RemoteTraceback,
+    ResultPicklingError,
+    WorkerProtocolError,
+)
 from .inspection import callable_name, locate_unpicklable
 
-__all__ = ["pickling_error", "is_pickling_failure"]
+__all__ = [
+    "pickling_error",
+    "is_pickling_failure",
+    "task_unpickling_error",
+    "reply_unpickling_error",
+    "detach_traceback",
+]
+
+
+def task_unpickling_error(name: str, exc: BaseException, backend: str) -> WorkerProtocolError:
+    """Build the error for a chunk its worker could not unpickle.
+
+    Args:
+        name: what was called, e.g. ``"Index.query()"``.
+        exc: the error the worker raised while unpickling (sent back with its
+            traceback text as ``__cause__``); it becomes the ``__cause__``.
+        backend: the backend's name, e.g. ``"fork"``.
+
+    Returns:
+        A :class:`~smartexec.errors.WorkerProtocolError` (a
+        ``BrokenProcessPool``) with ``stage == "task"``.
+    """
+    error = WorkerProtocolError(
+        f"a {backend} worker process could not unpickle the call to {name}(): "
+        f"{type(exc).__name__}: {exc}. An object pickled here did not rebuild there "
+        f"(its class or module is missing in the worker, or its __reduce__ fails). "
+        f"Only this call failed; the executor is still usable.",
+        stage="task",
+    )
+    error.__cause__ = exc
+    return error
+
+
+def reply_unpickling_error(name: str, exc: BaseException, backend: str) -> WorkerProtocolError:
+    """Build the error for a worker's reply this process could not unpickle.
+
+    Args:
+        name: what was called, e.g. ``"Index.query()"``.
+        exc: the unpickler's error here; it becomes the ``__cause__``, its
+            traceback kept as text (a :class:`~smartexec.errors.RemoteTraceback`
+            as its own ``__cause__``).
+        backend: the backend's name, e.g. ``"fork"``.
+
+    Returns:
+        A :class:`~smartexec.errors.WorkerProtocolError` (a
+        ``BrokenProcessPool``) with ``stage == "reply"``.
+    """
+    error = WorkerProtocolError(
+        f"the result of {name}() came back from a {backend} worker process but could not be "
+        f"unpickled in this process: {type(exc).__name__}: {exc}. Return plain data "
+        f"(numbers, strings, lists, dicts, numpy arrays) or objects whose class this "
+        f"process can import. Only this call failed; the executor is still usable.",
+        stage="reply",
+    )
+    # Its frames lead up into the thread that read the reply (loky's manager
+    # thread), whose pool they would keep alive.
+    error.__cause__ = detach_traceback(exc)
+    return error
+
+
+def detach_traceback(exc: BaseException) -> BaseException:
+    """Keep ``exc``'s traceback as text only; return ``exc``.
+
+    For an error caught in one of smartexec's threads (the sender, a
+    dispatcher, loky's manager) and set on a future: its traceback's frames
+    lead up through that thread's stack, and would keep the thread's objects
+    (a pool, the ``Thread``) alive as long as the future. The text becomes a
+    :class:`~smartexec.errors.RemoteTraceback`, set as ``exc.__cause__``
+    unless it has one.
+    """
+    if exc.__traceback__ is None:
+        return exc
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    exc.__traceback__ = None
+    if exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{text}"""')
+    return exc
 
 
 def is_pickling_failure(exc: BaseException) -> bool:
@@ -75,7 +157,7 @@ def pickling_error(
         reason = f"{type(exc).__name__}: {exc}"
         if exc.__cause__ is not None:
             reason += f" ({type(exc.__cause__).__name__}: {exc.__cause__})"
-        return PayloadPicklingError(
+        return ResultPicklingError(
             f"{name} ran on {backend} worker processes but its result could not be sent "
             f"back: {reason}. {name} and its arguments pickle fine, so return plain data "
             f'(numbers, strings, lists, dicts, numpy arrays), or use backend="thread" so '

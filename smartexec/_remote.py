@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from . import _memmap
-from .errors import PayloadPicklingError, RemoteError, RemoteTraceback
+from .errors import PayloadPicklingError, RemoteError, RemoteTraceback, ResultPicklingError
 
 __all__ = [
     "ChunkResult",
@@ -185,8 +185,11 @@ def picklable_outcomes(
 
     Run in a worker process when a chunk's reply failed to pickle: the items
     whose results pickle keep them; each other item gets a
-    :class:`~smartexec.errors.PayloadPicklingError` (``where == "result"``),
-    wrapped by :func:`remote_exception`.
+    :class:`~smartexec.errors.ResultPicklingError` (a ``PicklingError`` and a
+    ``BrokenProcessPool``, ``where == "result"``), wrapped by
+    :func:`remote_exception`. A ``BaseException`` that is not an
+    ``Exception`` (``SystemExit`` from a ``__reduce__``) is sent back as
+    itself, as ``ProcessPoolExecutor`` does.
 
     Args:
         result: the chunk's outcomes.
@@ -198,16 +201,18 @@ def picklable_outcomes(
     for ok, value in result.outcomes:
         try:
             check(value)
-        except BaseException as exc:
-            error = PayloadPicklingError(
+        except Exception as exc:
+            error = ResultPicklingError(
                 f"the result ({type(value).__qualname__}) could not be pickled to send it "
                 f"back from the worker process: {type(exc).__name__}: {exc}. Return plain "
                 f"data (numbers, strings, lists, dicts, numpy arrays), or use "
                 f'backend="thread" to keep results in-process',
-                where="result",
                 reason=str(exc),
             )
+            error.__cause__ = exc
             outcomes.append((False, remote_exception(error)))
+        except BaseException as exc:
+            outcomes.append((False, remote_exception(exc)))
         else:
             outcomes.append((ok, value))
     return ChunkResult(outcomes, result.compute_s)

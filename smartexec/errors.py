@@ -21,6 +21,8 @@ __all__ = [
     "InitializerError",
     "ProcessInitializerError",
     "ThreadInitializerError",
+    "WorkerProtocolError",
+    "ResultPicklingError",
     "TaskTimeoutError",
     "RemoteError",
     "RemoteTraceback",
@@ -32,12 +34,11 @@ __all__ = [
 class PayloadPicklingError(pickle.PicklingError):
     """A callable or argument cannot be sent to worker processes.
 
-    The built-in process backends (``fork``, ``loky``) pickle in the
-    submitting thread and raise it from ``SmartExecutor.submit`` / ``map``
-    before any work is queued; a plugin backend that pickles later sets it on
-    the future, so it is raised by ``result()`` or while iterating ``map``'s
-    results. A result that cannot be pickled back from a worker is reported on
-    the future, with ``where == "result"``.
+    As with ``ProcessPoolExecutor``, it is set on the future, never raised by
+    ``SmartExecutor.submit``: ``result()`` raises it, and ``map`` raises it
+    while its results are iterated, at the first item of the chunk that could
+    not be sent. A result that cannot be pickled back from a worker is a
+    :class:`ResultPicklingError` (a subclass, ``where == "result"``).
 
     Attributes:
         obj: the object that could not be pickled (the callable, an argument,
@@ -67,6 +68,41 @@ class WorkerCrashedError(BrokenProcessPool):
     def __init__(self, message: str, *, exitcode: int | None = None):
         super().__init__(message)
         self.exitcode = exitcode
+
+
+class WorkerProtocolError(BrokenProcessPool):
+    """A chunk, or its reply, could not cross between this process and a worker.
+
+    What ``ProcessPoolExecutor`` reports as ``BrokenProcessPool``: the worker
+    could not unpickle the task (``stage == "task"``), or this process could
+    not unpickle the worker's reply (``stage == "reply"``), e.g. a class
+    missing on one side or an object whose ``__reduce__`` raises, even
+    ``SystemExit``. The original error is the ``__cause__`` (for ``"task"``,
+    raised in the worker: its traceback text is the cause's cause). Only that
+    chunk fails: unlike the stdlib's pool, the executor stays usable.
+
+    Attributes:
+        stage: ``"task"`` or ``"reply"``.
+    """
+
+    def __init__(self, message: str, *, stage: str = ""):
+        super().__init__(message)
+        self.stage = stage
+
+
+class ResultPicklingError(PayloadPicklingError, WorkerProtocolError):
+    """A task's result could not be pickled in the worker to send it back.
+
+    Both a :class:`pickle.PicklingError` (what ``ProcessPoolExecutor``'s
+    ``result()`` raises in this case) and a :class:`BrokenProcessPool` (a
+    :class:`WorkerProtocolError` with ``stage == "result"``), so either
+    ``except`` clause catches it. Only that item fails; the items of the same
+    chunk whose results pickle keep them.
+    """
+
+    def __init__(self, message: str, *, obj: Any = None, where: str = "result", reason: str = ""):
+        super().__init__(message, obj=obj, where=where, reason=reason)
+        self.stage = "result"
 
 
 # concurrent.futures.TimeoutError is the builtin TimeoutError from Python 3.11

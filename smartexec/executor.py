@@ -20,6 +20,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal, TypeVar
 
 from . import _initializer
@@ -44,7 +45,12 @@ from ._mapping import (
 from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .backends._base import Backend
-from .errors import BackendUnavailableError, InitializerError, WorkerCrashedError
+from .errors import (
+    BackendUnavailableError,
+    InitializerError,
+    PayloadPicklingError,
+    WorkerCrashedError,
+)
 from .gil import (
     GIL_DECIDED_S,
     GIL_MIN_ITEM_S,
@@ -250,22 +256,35 @@ def _start_method(mp_context: Any) -> str | None:
 
 
 class _CallFuture(ChainedFuture):
-    """The future ``submit`` returns; completed from its one-call chunk."""
+    """The future ``submit`` returns; completed from its one-call chunk.
+
+    A ``concurrent.futures.Future``: built with no argument (``type(fut)()``)
+    it is a plain, pending one, as the stdlib's is.
+
+    Args:
+        inner: the chunk's future, or None for a plain future.
+        fn: the user's callable (for a clear pickling error).
+        call: its ``(args, kwargs)``.
+        backend: the backend's name.
+        resend: sends the call again (a retry after a worker died).
+        retries: times to retry, at most.
+    """
 
     def __init__(
         self,
-        inner: Future[ChunkResult],
-        fn: Any,
-        call: Call,
-        backend: str,
+        inner: Future[ChunkResult] | None = None,
+        fn: Any = None,
+        call: Call | None = None,
+        backend: str = "",
         resend: Callable[[], Future[ChunkResult]] | None = None,
         retries: int = 0,
     ):
         super().__init__(inner)
-        self._origin: tuple[Any, Call, str] | None = (fn, call, backend)
+        self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
         self._resend = resend
         self._retries = retries
-        inner.add_done_callback(self._transfer)
+        if inner is not None:
+            inner.add_done_callback(self._transfer)
 
     def _transfer(self, inner: Future[ChunkResult]) -> None:
         if (
@@ -292,7 +311,12 @@ class _CallFuture(ChainedFuture):
             return
         error = inner.exception()
         if error is not None:
-            if origin is not None and is_pickling_failure(error):
+            if (
+                origin is not None
+                and not isinstance(error, (PayloadPicklingError, BrokenProcessPool))
+                and is_pickling_failure(error)
+            ):
+                # A plugin backend's own pickling error: name the part that failed.
                 fn, call, backend = origin
                 error = pickling_error(fn, [call], error, backend)
             self.set_exception(error)
@@ -759,14 +783,28 @@ class SmartExecutor(Executor):
             backend = self._backend(decision.backend)
             decision = self._with_timeout(decision, self._task_timeout)
             backend = self._backend(decision.backend)
-            target = backend.prepare_call(fn, decision.share)
             call: Call = (args, kwargs)
             timeout_s = self._task_timeout
+            try:
+                target = backend.prepare_call(fn, decision.share)
 
-            def send() -> Future[ChunkResult]:
-                return _send(backend, target, [call], None, timeout_s, self._stats)
+                def send() -> Future[ChunkResult]:
+                    return _send(backend, target, [call], None, timeout_s, self._stats)
 
-            inner = send()
+                inner = send()
+            except Exception as exc:
+                # As the stdlib: a call that cannot be sent fails its future,
+                # submit() itself does not raise (the built-in process
+                # backends never raise here; a plugin backend may).
+                if not is_pickling_failure(exc):
+                    raise
+                error = exc
+                if not isinstance(exc, PayloadPicklingError):
+                    error = pickling_error(fn, [call], exc, backend.name)
+                    error.__cause__ = exc
+                failed: _CallFuture = _CallFuture()
+                failed.set_exception(error)
+                return failed
             self._started.add(backend.name)
         return _CallFuture(inner, fn, call, backend.name, send, self._max_retries)
 
@@ -774,10 +812,17 @@ class SmartExecutor(Executor):
         (Executor.submit.__doc__ or "")
         + """
         smartexec adds: the callable is routed to a backend by
-        :meth:`explain`'s policy. Raises
-        :class:`~smartexec.errors.PayloadPicklingError` when the callable or
-        an argument cannot be sent to the chosen backend's workers, and
-        ``RuntimeError`` after :meth:`shutdown`.
+        :meth:`explain`'s policy. Returns at once, however long the
+        arguments take to pickle (plain data is pickled before it returns,
+        anything else on a background thread, in submission order). When the
+        callable or an argument cannot be sent to the chosen backend's
+        workers, the future fails with
+        :class:`~smartexec.errors.PayloadPicklingError` (a
+        ``pickle.PicklingError``), as ``ProcessPoolExecutor``'s does;
+        failures on the worker side are ``BrokenProcessPool`` subclasses
+        (see ``docs/reliability.md``). Raises ``RuntimeError`` after
+        :meth:`shutdown`. The future is a ``concurrent.futures.Future``
+        subclass; it can be cancelled until a worker takes the call.
         """
     )
 

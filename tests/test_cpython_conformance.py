@@ -11,7 +11,11 @@ Each generic mixin runs under the default routing (``backend=None``) and with
 the route forced to each backend in :data:`PLAN`. A few tests of the stdlib's
 pool-specific classes check executor-agnostic behaviour and are borrowed
 (:data:`BORROWED`); everything else in those classes inspects stdlib internals
-or stdlib-only features and is listed in :data:`EXCLUDED` with the reason.
+or stdlib-only features and is listed in :data:`EXCLUDED` with the reason (and
+in :data:`EXCLUDED_ON_ROUTE` when only one route leaves it out).
+``ExecutorDeadlockTest`` (workers that crash or exit, tasks and results that
+fail to pickle or unpickle) runs on every process route; ``FutureTests`` runs
+once, against the class ``submit`` returns (:func:`_future_tests`).
 
 Many Python builds (several distributions, some pyenv builds) leave the
 ``test`` package out; this module is then skipped.
@@ -20,6 +24,7 @@ Many Python builds (several distributions, some pyenv builds) leave the
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing
 import subprocess
 import sys
@@ -54,6 +59,8 @@ def _stdlib_tests() -> types.SimpleNamespace:
         return types.SimpleNamespace(
             InitializerMixin=init.InitializerMixin,
             FailingInitializerMixin=init.FailingInitializerMixin,
+            ExecutorDeadlockTest=module("test_deadlock").ExecutorDeadlockTest,
+            FutureTests=module("test_future").FutureTests,
             ExecutorMixin=util.ExecutorMixin,
             BaseTestCase=util.BaseTestCase,
             ExecutorTest=module("executor").ExecutorTest,
@@ -68,6 +75,8 @@ def _stdlib_tests() -> types.SimpleNamespace:
     return types.SimpleNamespace(  # a single module (e.g. 3.10)
         InitializerMixin=_cf.InitializerMixin,
         FailingInitializerMixin=_cf.FailingInitializerMixin,
+        ExecutorDeadlockTest=_cf.ExecutorDeadlockTest,
+        FutureTests=_cf.FutureTests,
         ExecutorMixin=_cf.ExecutorMixin,
         BaseTestCase=_cf.BaseTestCase,
         ExecutorTest=_cf.ExecutorTest,
@@ -88,6 +97,9 @@ _support = importlib.import_module("test.support")
 STALE_WAIT_S = 5.0
 #: Seconds a child interpreter of the shutdown scenarios may run (they take ~2 s).
 CHILD_TIMEOUT_S = 20.0
+#: Seconds the deadlock tests wait for a result before calling it a deadlock
+#: (CPython's support.LONG_TIMEOUT, 5 minutes, is past this module's timeout).
+DEADLOCK_WAIT_S = 60.0
 
 #: Generic stdlib mixins run on each route, chosen to keep this module near two
 #: minutes on two cores (WaitTests alone sleeps ~15 s per route). None is
@@ -98,12 +110,29 @@ CHILD_TIMEOUT_S = 20.0
 #: a new executor), so it runs the two mixins that exercise the executor itself
 #: rather than the futures it returns. The initializer mixins (test_init.py)
 #: run on every route: an initializer runs in every kind of worker.
+#: The deadlock tests (workers that crash, exit, or fail to pickle or unpickle
+#: a task or result) run on every process route; the thread route pickles
+#: nothing and has no worker process to lose.
 _INIT = ("InitializerMixin", "FailingInitializerMixin")
 PLAN: dict[str | None, tuple[str, ...]] = {
-    None: ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
+    None: (
+        "ExecutorTest",
+        "WaitTests",
+        "AsCompletedTests",
+        "ExecutorShutdownTest",
+        "ExecutorDeadlockTest",
+        *_INIT,
+    ),
     "thread": ("ExecutorTest", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
-    "fork": ("ExecutorTest", "WaitTests", "AsCompletedTests", "ExecutorShutdownTest", *_INIT),
-    "loky": ("ExecutorTest", "ExecutorShutdownTest", *_INIT),
+    "fork": (
+        "ExecutorTest",
+        "WaitTests",
+        "AsCompletedTests",
+        "ExecutorShutdownTest",
+        "ExecutorDeadlockTest",
+        *_INIT,
+    ),
+    "loky": ("ExecutorTest", "ExecutorShutdownTest", "ExecutorDeadlockTest", *_INIT),
 }
 
 _PROCESS_ROUTES = frozenset({None, "fork", "loky"})
@@ -174,10 +203,26 @@ EXCLUDED: dict[str, str] = {
     "ProcessPoolShutdownTest.test_context_manager_shutdown": "builds a stdlib ProcessPoolExecutor and joins its _processes",
     "ProcessPoolShutdownTest.test_del_shutdown": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
     "ProcessPoolShutdownTest.test_shutdown_no_wait": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
+    # ExecutorDeadlockTest (test_deadlock.py)
+    "ExecutorDeadlockTest.test_shutdown_deadlock_pickle": "joins executor._executor_manager_thread, ProcessPoolExecutor's private thread",
+    "ExecutorDeadlockTest.test_gh105829_should_not_deadlock_if_wakeup_pipe_full": "patches ProcessPoolExecutor's private _ExecutorManagerThread and _ThreadWakeup",
+    # FutureTests (test_future.py), run against the class submit() returns
+    "FutureTests.test_repr": "expects the class name 'Future' in repr(); submit's future is a subclass (_CallFuture)",
+    "FutureTests.test_multiple_set_result": "matches the class name 'Future' in the InvalidStateError message (repr of a _CallFuture)",
+    "FutureTests.test_multiple_set_exception": "matches the class name 'Future' in the InvalidStateError message (repr of a _CallFuture)",
     # Whole classes
     "FailingInitializerResourcesTest (test_init.py)": "runs the stdlib's own ProcessPool*FailingInitializerTest classes and stops multiprocessing's resource tracker",
-    "ExecutorDeadlockTest (test_deadlock.py)": "ProcessPoolExecutor's BrokenProcessPool-on-crash contract and its internals",
-    "FutureTests (test_future.py)": "tests the Future class itself, not an executor",
+}
+
+#: Tests left out on one route only: (class, route) -> reason.
+EXCLUDED_ON_ROUTE: dict[tuple[str, str | None], str] = {
+    # TODO(merge): the map helper's "a default map never runs a process-routed
+    # callable's items in the caller" (issue 13, item 4) makes this pass; until
+    # then the default map runs the first items here and the segfault kills pytest.
+    (
+        "ExecutorDeadlockTest.test_crash_big_data",
+        None,
+    ): "the default map measures the first items in this process (a segfault there kills the test run)",
 }
 
 #: Generic-mixin tests replaced by an adaptation, and why. The stdlib versions
@@ -196,15 +241,14 @@ def _executor_type(backend: str | None) -> type[SmartExecutor]:
     A subclass rather than ``executor_kwargs`` because several stdlib tests
     build their own ``self.executor_type(max_workers=...)``.
     """
-    if backend is None:
-        return SmartExecutor
 
     def __init__(self: SmartExecutor, max_workers: int | None = None, **kwargs: object) -> None:
-        kwargs.setdefault("backend", backend)
+        if backend is not None:
+            kwargs.setdefault("backend", backend)
         SmartExecutor.__init__(self, max_workers, **kwargs)  # type: ignore[arg-type]
 
     return type(
-        f"SmartExecutor_{backend}",
+        f"SmartExecutor_{backend or 'default'}",
         (SmartExecutor,),
         {"__init__": __init__, "__module__": __name__},
     )
@@ -356,10 +400,81 @@ def _make_classes() -> dict[str, type]:
                     namespace["_test_traceback"] = source.__dict__["_test_traceback"]
                     test = _borrowed_traceback_test(test)
                 namespace[test_name] = test
+            if mixin_name == "ExecutorDeadlockTest":
+                namespace["TIMEOUT"] = DEADLOCK_WAIT_S
+            for key in (*EXCLUDED, *(k for k, route in EXCLUDED_ON_ROUTE if route == backend)):
+                holder, _, test_name = key.partition(".")
+                if holder == mixin_name and test_name:
+                    namespace[test_name] = None  # left out: see EXCLUDED
             short = mixin_name.removesuffix("Mixin").removesuffix("Tests").removesuffix("Test")
             name = f"Smart{_route_label(backend)}{short}Test"
             made[name] = type(name, bases, namespace)
+    made["SmartFutureTest"] = _future_tests()
     return made
+
+
+def _submit_future_type() -> type:
+    """The class of the futures ``SmartExecutor.submit`` returns."""
+    with SmartExecutor(1, backend="inline") as ex:
+        return type(ex.submit(int))
+
+
+def _future_tests() -> type:
+    """CPython's FutureTests, run against the class ``submit`` returns.
+
+    Those tests build futures with ``Future()`` and ``create_future(...)``
+    (and module-level futures made with it), names looked up in their
+    module's globals: for each test they are swapped for the submit future's
+    class, so every test exercises that class.
+    """
+    future_type = _submit_future_type()
+    tests = _std.FutureTests
+    namespace = tests.test_cancel.__globals__
+
+    def create_future(state: str = "PENDING", exception: object = None, result: object = None):
+        future = future_type()
+        future._state = state
+        future._exception = exception
+        future._result = result
+        return future
+
+    from concurrent.futures._base import (
+        CANCELLED,
+        CANCELLED_AND_NOTIFIED,
+        FINISHED,
+        PENDING,
+        RUNNING,
+    )
+
+    def setUp(self: unittest.TestCase) -> None:
+        swapped = {
+            "Future": future_type,
+            "create_future": create_future,
+            "PENDING_FUTURE": create_future(state=PENDING),
+            "RUNNING_FUTURE": create_future(state=RUNNING),
+            "CANCELLED_FUTURE": create_future(state=CANCELLED),
+            "CANCELLED_AND_NOTIFIED_FUTURE": create_future(state=CANCELLED_AND_NOTIFIED),
+            "EXCEPTION_FUTURE": create_future(state=FINISHED, exception=OSError()),
+            "SUCCESSFUL_FUTURE": create_future(state=FINISHED, result=42),
+        }
+        patcher = unittest.mock.patch.dict(namespace, swapped)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        # A failing done-callback is logged to stderr through logging's last
+        # resort handler, as the tests expect, not to pytest's log capture.
+        quiet = unittest.mock.patch.object(
+            logging.getLogger("concurrent.futures"), "propagate", False
+        )
+        quiet.start()
+        self.addCleanup(quiet.stop)
+        tests.setUp(self)
+
+    body: dict[str, object] = {"__module__": __name__, "setUp": setUp}
+    for key in EXCLUDED:
+        holder, _, test_name = key.partition(".")
+        if holder == "FutureTests" and test_name:
+            body[test_name] = None
+    return type("SmartFutureTest", (tests,), body)
 
 
 globals().update(_make_classes())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import pickle
 import threading
 import time
 
@@ -151,10 +152,13 @@ def test_unpicklable_closure_with_fork_is_shared_not_pickled():
         assert list(ex.map(uses_lock, range(4))) == [(False, i) for i in range(4)]
 
 
-def test_unpicklable_argument_in_map_raises_from_map_and_cancels_the_rest():
+def test_unpicklable_argument_in_map_raises_at_its_position():
+    # As the stdlib's map: the items before it give their results first.
     with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(square, [1, 2, threading.Lock(), 4], chunksize=1)
+        assert next(results) == 1 and next(results) == 4
         with pytest.raises(PayloadPicklingError, match="argument 0"):
-            ex.map(square, [1, 2, threading.Lock(), 4], chunksize=1)
+            next(results)
         assert ex.submit(square, 5).result(timeout=30) == 25
 
 
@@ -306,3 +310,168 @@ def test_decision_log_is_bounded():
         for i in range(DECISION_LOG_SIZE + 50):
             ex.submit(lambda x=i: x)
         assert len(ex.decisions()) == DECISION_LOG_SIZE
+
+
+# -- submit returns at once; pickling errors on the future ------------------------
+
+
+class SlowToPickle:
+    """Its ``__reduce__`` blocks until ``release`` is set (at most 10 s)."""
+
+    def __init__(self):
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.finished = False
+
+    def __reduce__(self):
+        self.started.set()
+        self.release.wait(10)
+        self.finished = True
+        return (int, (7,))
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_submit_of_an_unpicklable_argument_returns_a_future_that_raises(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        futures = [ex.submit(square, threading.Lock()), ex.submit(square, 3)]  # no raise
+        with pytest.raises(pickle.PicklingError, match="argument 0"):
+            futures[0].result(timeout=60)
+        assert futures[1].result(timeout=60) == 9  # the others are not lost
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_submit_returns_before_a_slow_argument_is_pickled(backend):
+    slow = SlowToPickle()
+    with SmartExecutor(2, backend=backend) as ex:
+        future = ex.submit(abs, slow)
+        assert not slow.finished  # submit returned while __reduce__ still ran (or had not run)
+        assert not future.done()
+        slow.release.set()
+        assert future.result(timeout=60) == 7
+
+
+def test_map_timeout_holds_while_an_argument_is_pickled():
+    slow = SlowToPickle()
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(abs, [slow], timeout=0.5)
+        assert not slow.finished  # map() returned while pickling ran
+        with pytest.raises(cf.TimeoutError):
+            next(results)
+        assert not slow.finished  # and the timeout did not wait for the pickle
+        slow.release.set()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_shutdown_cancel_futures_cancels_calls_still_to_be_pickled(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate = str(tmp_path / "gate")
+    first, second = SlowToPickle(), SlowToPickle()
+    ex = SmartExecutor(1, backend=backend)
+    try:
+        blocker = ex.submit(w.wait_for_file, gate)  # the only worker is busy
+        pickling = ex.submit(abs, first)
+        waiting = ex.submit(abs, second)  # behind the first in the sender
+        assert first.started.wait(30)
+        ex.shutdown(wait=False, cancel_futures=True)
+        assert pickling.cancelled() and waiting.cancelled()
+        first.release.set()
+    finally:
+        open(gate, "w").close()
+        ex.shutdown(wait=True)
+    assert blocker.result(timeout=60)
+    assert not second.started.is_set()  # never pickled
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_shutdown_waits_for_a_call_still_being_pickled(backend):
+    slow = SlowToPickle()
+    ex = SmartExecutor(2, backend=backend)
+    future = ex.submit(abs, slow)
+    threading.Thread(target=lambda: (slow.started.wait(30), slow.release.set())).start()
+    ex.shutdown(wait=True)
+    assert future.done() and future.result() == 7
+
+
+@pytest.mark.parametrize("backend", [None, "fork", "loky", "thread"])
+def test_the_submit_future_class_builds_with_no_arguments(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        future = ex.submit(square, 3)
+        assert future.result(timeout=60) == 9
+    fresh = type(future)()
+    assert isinstance(fresh, cf.Future)
+    assert not fresh.done() and not fresh.running()
+    assert fresh.cancel() and fresh.cancelled()
+    other = type(future)()
+    assert other.set_running_or_notify_cancel() and other.running()
+    other.set_result(5)
+    assert other.result() == 5
+
+
+# -- cancellation until a worker takes the call ------------------------------------
+
+
+def _lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+#: Seconds the cancellation tests leave a pool between submitting calls and
+#: cancelling them: loky used to move calls into its call queue (marking them
+#: running, no longer cancellable) within milliseconds.
+SETTLE_S = 0.3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_call_waiting_for_a_worker_stays_cancellable(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate, started, log = (str(tmp_path / name) for name in ("gate", "started", "log"))
+    with SmartExecutor(2, backend=backend) as ex:
+        blockers = [ex.submit(w.wait_for_file, gate, started) for _ in range(2)]
+        while len(_lines(started)) < 2:  # both workers busy
+            time.sleep(0.01)
+        queued = [ex.submit(w.append_line, log, i) for i in range(12)]
+        time.sleep(SETTLE_S)
+        running = [f.running() for f in queued]
+        cancelled = [f.cancel() for f in queued]
+        open(gate, "w").close()
+        cf.wait(blockers, timeout=60)
+    assert running == [False] * 12
+    assert cancelled == [True] * 12
+    assert _lines(log) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", [None, "fork", "loky"])
+def test_asyncio_calls_cancelled_before_they_start_never_run(tmp_path, backend):
+    from tests.scenarios import _failure_workloads as w
+
+    gate, started, log = (str(tmp_path / name) for name in ("gate", "started", "log"))
+
+    async def main(ex):
+        loop = asyncio.get_running_loop()
+        blockers = [loop.run_in_executor(ex, w.wait_for_file, gate, started) for _ in range(2)]
+        while len(_lines(started)) < 2:
+            await asyncio.sleep(0.01)
+        calls = [
+            asyncio.ensure_future(loop.run_in_executor(ex, w.append_line, log, i))
+            for i in range(12)
+        ]
+        await asyncio.sleep(SETTLE_S)
+        for call in calls:
+            call.cancel()  # asyncio cancels the executor's future in turn
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        open(gate, "w").close()
+        await asyncio.gather(*blockers)
+        return outcomes
+
+    with SmartExecutor(2, backend=backend) as ex:
+        outcomes = asyncio.run(main(ex))
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+    assert _lines(log) == []

@@ -25,8 +25,11 @@ Data flow (one *pool* = one generation of workers, all forked together)::
   forked; otherwise it starts a new pool too. The old pool finishes the
   chunks already running on it, then stops, and the new one takes over
   those queued; while both run, up to twice ``max_workers`` processes exist.
-* Pickling happens in the submitting thread, so a payload that cannot be
-  pickled raises from ``submit`` itself, naming the part that failed.
+* ``submit_chunk`` returns at once: it queues the chunk's task, then pickles
+  it in the submitting thread when it is plain data, or on the backend's
+  sender thread (:mod:`smartexec._sender`), in order. A payload that cannot
+  be pickled fails the chunk's future (naming the part that failed); the
+  dispatcher starts tasks in queue order once they are pickled.
 * Workers ignore SIGINT (the parent decides what Ctrl-C stops) and exit on
   their own within :data:`PARENT_CHECK_S` seconds if the parent dies.
 """
@@ -48,18 +51,24 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from .. import _fingerprint, _initializer, trampoline, transport
 from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
-from .._diagnose import pickling_error
+from .._diagnose import (
+    detach_traceback,
+    pickling_error,
+    reply_unpickling_error,
+    task_unpickling_error,
+)
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult
+from .._sender import Sender, pause_senders, quick_to_pickle
 from .._system import mark_worker_process
-from ..errors import InitializerError, RemoteError, TaskTimeoutError, WorkerCrashedError
+from ..errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -76,6 +85,10 @@ MAX_WAIT_S = 3600.0
 MAX_STRONG_SHARED = 8
 
 _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
+
+#: Held while a task moves to another pool, so that whoever pickled it wakes
+#: the pool that holds it now.
+_OWNER_LOCK = threading.Lock()
 
 #: Held while a zygote is forked with the other pools' dispatchers paused;
 #: shutdown() takes it too, so it never mistakes a paused dispatcher for a
@@ -105,10 +118,13 @@ def _quiesced() -> Iterator[None]:
     with _QUIESCE_LOCK:
         me = os.getpid()
         paused = [pool for pool in list(_LIVE_POOLS) if pool._pid == me and pool.pause()]
+        senders = pause_senders()
         try:
             release_idle_thread_pools()
             yield
         finally:
+            for sender in senders:
+                sender.resume()
             for pool in paused:
                 pool.resume()
 
@@ -335,12 +351,19 @@ def _exit_description(exitcode: int | None) -> str:
 
 
 class _Task:
-    __slots__ = ("future", "payload", "keepalive", "name", "timeout_s", "items")
+    """A queued chunk: its future, and its request once pickled.
+
+    ``payload`` is None until the chunk is pickled (the dispatcher waits for
+    it), and again once it was sent (``sent``). ``pool`` is the pool whose
+    queue holds it (it moves to a newer pool with :meth:`_ForkPool.take_queued`).
+    """
+
+    __slots__ = ("future", "payload", "keepalive", "name", "timeout_s", "items", "sent", "pool")
 
     def __init__(
         self,
         future: Future[ChunkResult],
-        payload: bytes,
+        payload: bytes | None,
         keepalive: Any,
         name: str,
         timeout_s: float | None = None,
@@ -352,6 +375,15 @@ class _Task:
         self.name = name
         self.timeout_s = timeout_s
         self.items = items
+        self.sent = False
+        self.pool: _ForkPool | None = None
+
+    def wake_pool(self) -> None:
+        """Tell the pool holding this task that it was pickled (or failed to be)."""
+        with _OWNER_LOCK:
+            pool = self.pool
+        if pool is not None:
+            pool._wake()
 
 
 class _Worker:
@@ -463,22 +495,16 @@ class _ForkPool:
 
     # -- called from any thread ------------------------------------------------
 
-    def submit(
-        self,
-        payload: bytes,
-        keepalive: Any,
-        name: str,
-        timeout_s: float | None = None,
-        items: int = 1,
-    ) -> Future[ChunkResult]:
-        future: Future[ChunkResult] = Future()
+    def submit(self, task: _Task) -> None:
+        """Queue ``task``; it starts once pickled and a worker is free."""
         with self._lock:
             self._box.raise_if_broken()
             if self._closing:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.append(_Task(future, payload, keepalive, name, timeout_s, items))
+            with _OWNER_LOCK:
+                task.pool = self
+            self._queue.append(task)
         self._wake()
-        return future
 
     def take_queued(self) -> list[_Task]:
         """Remove and return the tasks no worker has started (for a newer pool)."""
@@ -490,6 +516,9 @@ class _ForkPool:
     def adopt(self, tasks: list[_Task]) -> None:
         """Queue tasks taken from an older pool, ahead of anything newer."""
         with self._lock:
+            with _OWNER_LOCK:
+                for task in tasks:
+                    task.pool = self
             self._queue.extendleft(reversed(tasks))
         self._wake()
 
@@ -684,6 +713,8 @@ class _ForkPool:
         for worker in self._workers:
             worker.task = None
         for task in tasks:
+            if task.future.done():  # its pickling failed, or it was cancelled
+                continue
             error = BrokenProcessPool(
                 f"the fork pool running {task.name} stopped: {type(cause).__name__}: {cause}"
             )
@@ -747,12 +778,30 @@ class _ForkPool:
             )
 
     def _next_task(self) -> _Task | None:
+        """The next task to send: the queue's first, once it is pickled.
+
+        Tasks start in the order they were queued, so one still being
+        pickled holds the ones behind it (as the stdlib's feeder thread
+        does). Only here does a task's future start running: until then it
+        can be cancelled.
+        """
         with self._lock:
             if self._unsent:
                 return self._unsent.popleft()
             while self._queue:
-                task = self._queue.popleft()
-                if task.future.set_running_or_notify_cancel():
+                task = self._queue[0]
+                future = task.future
+                if future.cancelled():
+                    self._queue.popleft()
+                    future.set_running_or_notify_cancel()  # tells wait() / as_completed()
+                    continue
+                if future.done():  # its pickling failed: the error is on the future
+                    self._queue.popleft()
+                    continue
+                if task.payload is None:
+                    return None  # still being pickled; it wakes us when done
+                self._queue.popleft()
+                if future.set_running_or_notify_cancel():
                     return task
         return None
 
@@ -791,7 +840,7 @@ class _ForkPool:
                 # The worker died before taking it; _bury hands it to the next.
                 worker.lost = True
                 continue
-            task.payload = None
+            task.payload, task.sent = None, True
             if task.timeout_s is not None:
                 worker.deadline = time.monotonic() + task.timeout_s
 
@@ -806,18 +855,14 @@ class _ForkPool:
             return  # a reply after its chunk timed out
         try:
             status, value = transport.loads_reply(data)
-        except BaseException as exc:
-            task.future.set_exception(
-                RemoteError(
-                    type(exc).__qualname__,
-                    f"the reply for {task.name} could not be unpickled in the parent: {exc}",
-                )
-            )
+        except BaseException as exc:  # SystemExit from a __reduce__ included
+            task.future.set_exception(reply_unpickling_error(task.name, exc, "fork"))
         else:
             if status == "ok":
                 task.future.set_result(value)
-            else:
-                task.future.set_exception(value)
+            else:  # the worker could not unpickle the request
+                task.future.set_exception(task_unpickling_error(task.name, value, "fork"))
+            del value
         del task, data
 
     def _bury(self, worker: _Worker, exitcode: int | None) -> None:
@@ -825,7 +870,7 @@ class _ForkPool:
         worker.conn.close()
         task, worker.task, worker.deadline = worker.task, None, None
         if task is not None:
-            if task.payload is not None:  # never sent: give it to another worker
+            if not task.sent:  # never sent: give it to another worker
                 with self._lock:
                     self._unsent.appendleft(task)
             else:
@@ -1021,6 +1066,7 @@ class ForkBackend(Backend):
     def broken(self) -> InitializerError | None:
         """The error of the initializer that failed in a worker, or None."""
         return self._box.error
+        self._sender = Sender(self.name)  # pickles what is not plain data, in order
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -1175,9 +1221,13 @@ class ForkBackend(Backend):
         *,
         timeout_s: float | None = None,
     ) -> Future[ChunkResult]:
-        """Queue a chunk; with ``timeout_s``, kill its worker if it runs longer.
+        """Queue a chunk and return its future at once; with ``timeout_s``, a time limit.
 
-        See :meth:`Backend.submit_chunk`. A chunk over ``timeout_s`` seconds
+        See :meth:`Backend.submit_chunk`. Never raises for a payload that
+        cannot be pickled: the future fails with
+        :class:`~smartexec.errors.PayloadPicklingError`. Plain data is pickled
+        before this returns (microseconds); anything else on the sender
+        thread (:mod:`smartexec._sender`). A chunk over ``timeout_s`` seconds
         (counted from when a worker takes it) fails with
         :class:`~smartexec.errors.TaskTimeoutError`; its worker is killed and
         replaced.
@@ -1186,25 +1236,63 @@ class ForkBackend(Backend):
         digest: bytes | None = None
         if isinstance(fn, _Prepared):
             target, keepalive, token = fn.ref, fn.fn, fn.ref.token
-            name, since, digest = fn.ref.name, fn.since, fn.digest
+            name, since, digest, plain = fn.ref.name, fn.since, fn.digest, None
         else:
-            target, keepalive, token, name = fn, None, None, callable_name(fn)
-        try:
-            payload, lease = transport.dumps_request(target, chunk, budget_s, cache=self._cache)
-        except Exception as exc:
-            raise pickling_error(
-                keepalive if keepalive is not None else fn, chunk, exc, self.name
-            ) from exc
+            target, keepalive, token, name, plain = fn, None, None, callable_name(fn), fn
+        calls = list(chunk)
+        task = _Task(Future(), None, keepalive, name, timeout_s, len(calls))
+        blame = keepalive if keepalive is not None else fn
+        inline = self._sender.idle() and quick_to_pickle(plain, calls)
+        if inline:  # pickled before it is queued: one wake-up, nothing to wait for
+            self._pickle(task, target, calls, budget_s, blame, inline=True)
+            if task.future.done():
+                return task.future  # it could not be pickled
         try:
             with self._lock:  # no other thread may retire the pool in between
-                future = self._pool_covering(token, since, digest).submit(
-                    payload, keepalive, name, timeout_s, len(chunk)
-                )
+                # In this thread: a new pool forks its zygote here, never in the sender.
+                self._pool_covering(token, since, digest).submit(task)
         except BaseException:
-            lease.release()
+            if inline:
+                task.future.cancel()  # releases its lease
             raise
+        if not inline:
+            self._sender.put(lambda: self._pickle(task, target, calls, budget_s, blame))
+        return task.future
+
+    def _pickle(
+        self,
+        task: _Task,
+        target: Any,
+        calls: list[Call],
+        budget_s: float | None,
+        blame: Any,
+        inline: bool = False,
+    ) -> None:
+        """Pickle a queued task's request; on failure, fail its future with a clear error."""
+        future = task.future
+        if future.done():  # cancelled before its turn: nothing to pickle
+            task.wake_pool()
+            return
+        try:
+            payload, lease = transport.dumps_request(target, calls, budget_s, cache=self._cache)
+        except BaseException as exc:
+            error: BaseException = exc
+            if not inline:  # set on the future from the sender thread: see detach_traceback
+                detach_traceback(exc)
+            if isinstance(exc, Exception):
+                error = pickling_error(blame, calls, exc, self.name)
+                error.__cause__ = exc
+            try:
+                future.set_exception(error)
+            except InvalidStateError:
+                pass  # cancelled meanwhile
+            task.wake_pool()
+            if inline and not isinstance(exc, Exception):
+                raise  # Ctrl-C while pickling in the caller's thread: the caller's to handle
+            return
         lease.release_when_done(future)  # its shared-memory segments live until then
-        return future
+        task.payload = payload
+        task.wake_pool()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -1212,7 +1300,13 @@ class ForkBackend(Backend):
             pools = [p for p in (*self._retired, self._pool) if p is not None]
         for pool in pools:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
-        self._cache.close()
+        if wait:
+            self._sender.wait_idle()  # a cancelled task may still be pickling
+            self._cache.close()
+        elif self._sender.idle():
+            self._cache.close()
+        else:
+            self._sender.put(self._cache.close)  # after the pickles queued before it
 
     def terminate(self) -> None:
         """Stop now: cancel queued chunks and kill the workers running chunks."""

@@ -8,13 +8,21 @@ Each ``SmartExecutor`` owns its own ``loky.ProcessPoolExecutor`` rather than
 sharing loky's process-wide reusable executor, so that ``shutdown()`` stops
 exactly the workers this executor started and never another's.
 
-When a loky worker dies, loky marks the whole pool broken and fails every
-pending future with ``TerminatedWorkerError`` (a ``BrokenProcessPool``). The
-backend then starts a fresh pool at the next submit, so the executor stays
-usable; the chunks that were pending when the worker died are not retried.
+Chunks wait in this backend's own queue, and loky gets at most one chunk per
+worker at a time (the next when one finishes): loky marks a call running as
+soon as it enters its call queue, ahead of free workers, so a chunk handed to
+loky early could no longer be cancelled. Here a chunk's future stays
+cancellable until a worker is free to take it.
 
-Chunks are pickled by :mod:`smartexec.transport` in the submitting thread
-(loky then only moves bytes): big numpy buffers go through shared memory both
+When a loky worker dies, loky marks the whole pool broken and fails the
+chunks it holds with ``TerminatedWorkerError`` (a ``BrokenProcessPool``). The
+backend then starts a fresh pool for the chunks still queued here, so the
+executor stays usable; the chunks loky held are not retried.
+
+Chunks are pickled by :mod:`smartexec.transport` (loky then only moves
+bytes), in the submitting thread when they are plain data, otherwise on the
+backend's sender thread (:mod:`smartexec._sender`), so ``submit_chunk``
+returns at once and a pickling error fails the chunk's future. Big numpy buffers go through shared memory both
 ways, and a callable the policy marks ``share`` (big bound object, partial or
 closure state), like an argument object repeated across calls, is sent once
 to each worker and cached there, and reused only while proven unchanged.
@@ -24,19 +32,26 @@ chunk would pickle the whole object.
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from .. import _initializer, transport
 from .._blas import thread_env, threads_per_worker
-from .._diagnose import pickling_error
+from .._diagnose import (
+    detach_traceback,
+    pickling_error,
+    reply_unpickling_error,
+    task_unpickling_error,
+)
 from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult
+from .._sender import Sender, quick_to_pickle
 from .._system import WORKER_ENV
-from ..errors import InitializerError, RemoteError
+from ..errors import InitializerError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -44,28 +59,32 @@ __all__ = ["LokyBackend"]
 
 
 class _ReplyFuture(ChainedFuture):
-    """The chunk's future: completed from loky's future by unpickling the reply.
+    """The chunk's future: queued here, then completed from loky's future.
 
-    Cancelling it cancels loky's future; the request's lease is released when
-    loky's future is done, whatever happened.
+    Pending (and cancellable) while the chunk waits in the backend's queue;
+    running from when it is handed to loky (:meth:`_chain`); completed by
+    unpickling the reply. The request's lease is released when it is done,
+    whatever happened.
     """
 
-    def __init__(self, inner: Future[bytes], lease: transport.Lease, name: str):
-        super().__init__(inner)
+    def __init__(self, name: str = "a chunk"):
+        super().__init__()
         self._name = name
-        lease.release_when_done(inner)
+        self._payload: bytes | None = None  # set once pickled; dropped once handed on
+
+    def cancel(self) -> bool:
+        if Future.running(self):
+            return False  # handed to loky: as good as started
+        return super().cancel()
+
+    def _follow(self, inner: Future[bytes]) -> None:
+        self._chain(inner)
         inner.add_done_callback(self._transfer)
 
     def _transfer(self, inner: Future[bytes]) -> None:
         self._inner = None
         if inner.cancelled():
-            Future.cancel(self)
-            self.set_running_or_notify_cancel()
-            return
-        if not self.set_running_or_notify_cancel():
-            # Cancelled while loky ran it anyway: nobody reads this reply.
-            if inner.exception() is None:
-                transport.discard_reply(inner.result())
+            self.set_exception(CancelledError(f"loky cancelled the chunk of {self._name}()"))
             return
         error = inner.exception()
         if error is not None:
@@ -73,18 +92,13 @@ class _ReplyFuture(ChainedFuture):
             return
         try:
             status, value = transport.loads_reply(inner.result())
-        except BaseException as exc:
-            self.set_exception(
-                RemoteError(
-                    type(exc).__qualname__,
-                    f"the reply for {self._name} could not be unpickled in the parent: {exc}",
-                )
-            )
+        except BaseException as exc:  # SystemExit from a __reduce__ included
+            self.set_exception(reply_unpickling_error(self._name, exc, "loky"))
             return
         if status == "ok":
             self.set_result(value)
-        else:
-            self.set_exception(value)
+        else:  # the worker could not unpickle the request
+            self.set_exception(task_unpickling_error(self._name, value, "loky"))
 
 
 class LokyBackend(Backend):
@@ -93,7 +107,8 @@ class LokyBackend(Backend):
     A callable prepared with ``share=True`` is sent once to each worker and
     cached there (:class:`smartexec.transport.ObjectCache`), as is an argument
     object seen again within a few calls; big numpy buffers travel through
-    shared memory.
+    shared memory. loky holds at most ``max_workers`` chunks at a time; the
+    others wait, cancellable, in this backend's queue.
 
     Args:
         max_workers: worker processes (None: one per CPU).
@@ -136,11 +151,14 @@ class LokyBackend(Backend):
         )
         self._blas_threads = threads_per_worker(cpu_count, self.max_workers)
         self._pool: Any = None  # created at the first chunk: a map may run inline
-        # loky's shutdown() has no cancel_futures: keep the pending ones to cancel.
-        self._pending: set[Future[ChunkResult]] = set()
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._queue: collections.deque[_ReplyFuture] = collections.deque()
+        self._in_loky: set[_ReplyFuture] = set()
         self._closed = False
+        self._stop_when_drained = False  # shutdown(wait=False) came with chunks queued
         self._cache = transport.ObjectCache()
+        self._sender = Sender(self.name)
 
     def _new_pool(self) -> Any:
         from loky import ProcessPoolExecutor
@@ -187,71 +205,185 @@ class LokyBackend(Backend):
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None
     ) -> Future[ChunkResult]:
+        """Queue a chunk and return its future at once.
+
+        See :meth:`Backend.submit_chunk`. Never raises for a payload that
+        cannot be pickled: the future fails with
+        :class:`~smartexec.errors.PayloadPicklingError`. The future can be
+        cancelled until a loky worker is free for the chunk.
+
+        Raises:
+            RuntimeError: after :meth:`shutdown`.
+        """
+        user_fn = fn.fn if isinstance(fn, transport.CachedCallable) else fn
+        calls = list(chunk)
+        future = _ReplyFuture(callable_name(user_fn))
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if self._pool is None:
                 self._pool = self._new_pool()
-            pool = self._pool
-        user_fn = fn.fn if isinstance(fn, transport.CachedCallable) else fn
-        try:
-            payload, lease = transport.dumps_request(fn, chunk, budget_s, cache=self._cache)
-        except Exception as exc:
-            raise pickling_error(user_fn, chunk, exc, self.name) from exc
-        try:
-            try:
-                inner = pool.submit(self._serve, payload)
-            except BrokenProcessPool:
-                # A worker died earlier and loky broke the pool: replace it once.
-                broken = pool
-                with self._lock:
-                    if self._pool is broken:
-                        self._pool = self._new_pool()
-                    pool = self._pool
-                broken.shutdown(wait=False, kill_workers=True)
-                inner = pool.submit(self._serve, payload)
-        except BaseException:
-            lease.release()
-            raise
-        future = _ReplyFuture(inner, lease, callable_name(user_fn))
+        inline = self._sender.idle() and quick_to_pickle(fn, calls)
+        if inline:  # pickled before it is queued
+            self._pickle(future, fn, user_fn, calls, budget_s, inline=True)
+            if future.done():
+                return future  # it could not be pickled
         with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._forget)
+            self._queue.append(future)
+        if inline:
+            self._feed()
+        else:
+            self._sender.put(lambda: self._pickle(future, fn, user_fn, calls, budget_s))
         return future
 
-    def _forget(self, future: Future[ChunkResult]) -> None:
+    def _pickle(
+        self,
+        future: _ReplyFuture,
+        fn: Any,
+        user_fn: Any,
+        calls: list[Call],
+        budget_s: float | None,
+        inline: bool = False,
+    ) -> None:
+        """Pickle a queued chunk, then hand loky what it has room for."""
+        if not future.done():  # else cancelled before its turn: nothing to pickle
+            try:
+                payload, lease = transport.dumps_request(fn, calls, budget_s, cache=self._cache)
+            except BaseException as exc:
+                error: BaseException = exc
+                if not inline:  # set on the future from the sender thread: see detach_traceback
+                    detach_traceback(exc)
+                if isinstance(exc, Exception):
+                    error = pickling_error(user_fn, calls, exc, self.name)
+                    error.__cause__ = exc
+                try:
+                    future.set_exception(error)
+                except InvalidStateError:
+                    pass  # cancelled meanwhile
+                if not inline:
+                    self._feed()
+                if inline and not isinstance(exc, Exception):
+                    raise  # Ctrl-C while pickling in the caller's thread
+                return
+            lease.release_when_done(future)  # its shared-memory segments live until then
+            future._payload = payload
+        if not inline:  # else submit_chunk queues it, then feeds
+            self._feed()
+
+    def _feed(self) -> None:
+        """Hand loky the queue's first chunks, in order, while it has an idle worker."""
+        while True:
+            with self._lock:
+                future = self._next_chunk()
+                if future is None:
+                    self._drained.notify_all()
+                    stop = self._stop_when_drained and not self._queue
+                    if stop:
+                        self._stop_when_drained = False
+                    pool = self._pool if stop else None
+                    break
+                payload, future._payload = future._payload, None
+                assert payload is not None  # _next_chunk returns pickled chunks only
+                self._in_loky.add(future)
+                pool = self._pool
+            try:
+                inner = self._hand(pool, payload)
+            except BaseException as exc:  # loky refused it (shut down at exit)
+                with self._lock:
+                    self._in_loky.discard(future)
+                future.set_exception(detach_traceback(exc))
+                continue
+            future._follow(inner)
+            future.add_done_callback(self._finished)
+        if pool is not None:  # shutdown(wait=False) was waiting for the queue
+            pool.shutdown(wait=False, kill_workers=False)
+            self._cache.close()
+
+    def _next_chunk(self) -> _ReplyFuture | None:
+        # Under the lock. The first queued chunk when loky has an idle worker
+        # and it is pickled; running from here on.
+        while self._queue and len(self._in_loky) < self.max_workers:
+            future = self._queue[0]
+            if future.cancelled():
+                self._queue.popleft()
+                future.set_running_or_notify_cancel()  # tells wait() / as_completed()
+                continue
+            if future.done():  # its pickling failed: the error is on the future
+                self._queue.popleft()
+                continue
+            if future._payload is None:
+                return None  # still being pickled; _pickle feeds again when done
+            self._queue.popleft()
+            if future.set_running_or_notify_cancel():
+                return future
+        return None
+
+    def _hand(self, pool: Any, payload: bytes) -> Future[bytes]:
+        try:
+            return pool.submit(self._serve, payload)  # type: ignore[no-any-return]
+        except BrokenProcessPool as exc:
+            # A worker died earlier and loky broke the pool: replace it once.
+            # loky raises the error it set on the futures it failed: drop the
+            # frames this raise added (they hold the broken pool alive).
+            exc.__traceback__ = None
+            del exc
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = self._new_pool()
+                fresh = self._pool
+            # Not here: this may be the broken pool's own thread (in a done-callback).
+            self._sender.put(lambda: pool.shutdown(wait=True, kill_workers=True))
+            return fresh.submit(self._serve, payload)  # type: ignore[no-any-return]
+
+    def _finished(self, future: Future[ChunkResult]) -> None:
         with self._lock:
-            self._pending.discard(future)
+            self._in_loky.discard(future)
         if self._initializer is not None and not future.cancelled():
             error = future.exception()
             if isinstance(error, InitializerError) and self._box.record(error):
                 _initializer.log_failure(error)
+        self._feed()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closed = True
-            pool = self._pool
-            pending = list(self._pending) if cancel_futures else []
-        for future in pending:
+            cancelled = list(self._queue) if cancel_futures else []
+        for future in cancelled:
             future.cancel()
+        self._feed()  # drops the cancelled ones
+        if wait:
+            self._sender.wait_idle()
+            with self._drained:
+                # Every queued chunk handed to loky (or failed, or cancelled).
+                self._drained.wait_for(lambda: not self._queue)
+                pool = self._pool
+            if pool is not None:
+                # kill_workers=False lets running chunks finish, as the stdlib does.
+                pool.shutdown(wait=True, kill_workers=False)
+            self._sender.wait_idle()  # broken pools replaced meanwhile are shut down there
+            self._cache.close()
+            return
+        with self._lock:
+            pool = self._pool if not self._queue else None
+            self._stop_when_drained = bool(self._queue)
         if pool is not None:
-            # kill_workers=False lets running chunks finish, as the stdlib does.
-            pool.shutdown(wait=wait, kill_workers=False)
-        self._cache.close()
+            pool.shutdown(wait=False, kill_workers=False)
+            self._cache.close()
 
     def terminate(self) -> None:
         """Stop now: cancel chunks not started and kill loky's workers."""
         with self._lock:
             self._closed = True
             pool = self._pool
-            pending = list(self._pending)
+            queued = list(self._queue)
+            self._queue.clear()
+            self._drained.notify_all()
+        for future in queued:
+            if future.cancel():
+                future.set_running_or_notify_cancel()
         if pool is not None:
-            # Kill first: cancelling loky's own futures while its manager thread
-            # still runs makes it log an InvalidStateError.
             pool.shutdown(wait=True, kill_workers=True)
             # Named segments (the fallback) of replies the killed workers made
             # and nobody will read; anonymous memory died with them.
             transport.sweep_dead_workers()
-        for future in pending:
-            future.cancel()
         self._cache.close()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from smartexec import SmartExecutor, WorkerCrashedError, _shm
-from smartexec.errors import RemoteError
+from smartexec.errors import WorkerProtocolError
 
 from .._children import run_python, session_processes, start_python
 
@@ -133,7 +133,8 @@ def test_a_reply_whose_segment_vanished_fails_only_its_chunk(monkeypatch):
     monkeypatch.setattr(transport, "loads_reply", lose_segments)
     with SmartExecutor(2, backend="fork") as ex:
         error = ex.submit(np.ones, 2 * MiB // 8).exception(timeout=60)
-        assert isinstance(error, RemoteError) and "could not be unpickled" in str(error)
+        # What ProcessPoolExecutor reports for a reply it cannot unpickle.
+        assert isinstance(error, WorkerProtocolError) and "could not be unpickled" in str(error)
         monkeypatch.setattr(transport, "loads_reply", real)
         assert ex.submit(total, np.ones(10)).result(timeout=60) == 10.0
 
