@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from . import _memmap
-from .errors import PayloadPicklingError, RemoteError, RemoteTraceback, ResultPicklingError
+from .errors import RemoteError, RemoteTraceback, ResultPicklingError
 
 __all__ = [
     "ChunkResult",

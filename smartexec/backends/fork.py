@@ -635,7 +635,9 @@ class _ForkPool:
         while True:
             self._handle_ctl(message)
             try:
-                message = self._ctl.recv(2 * _initializer.MAX_TRACEBACK_CHARS + 64, socket.MSG_DONTWAIT)
+                message = self._ctl.recv(
+                    2 * _initializer.MAX_TRACEBACK_CHARS + 64, socket.MSG_DONTWAIT
+                )
             except BlockingIOError:
                 return
             except OSError:
@@ -1061,12 +1063,12 @@ class ForkBackend(Backend):
         #: Orders calls and forks: a pool born after a call's epoch forked
         #: after that call, so its snapshot is at least as new as the call.
         self._epochs = itertools.count(1)
+        self._sender = Sender(self.name)  # pickles what is not plain data, in order
 
     @property
     def broken(self) -> InitializerError | None:
         """The error of the initializer that failed in a worker, or None."""
         return self._box.error
-        self._sender = Sender(self.name)  # pickles what is not plain data, in order
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
