@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
@@ -330,6 +330,7 @@ class _ForkPool:
         self._pause_requested = False
         self._paused = False
         self._broken: BaseException | None = None
+        self._aborting: set[Future[ChunkResult]] = set()  # see abort()
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -377,6 +378,18 @@ class _ForkPool:
             self._queue.append(_Task(future, payload, keepalive, name, timeout_s, items))
         self._wake()
         return future
+
+    def abort(self, futures: Iterable[Future[ChunkResult]]) -> None:
+        """Cancel these chunks; the dispatcher kills the workers running any of them.
+
+        Futures of other pools are ignored. Returns at once.
+        """
+        started = [future for future in futures if not future.cancel() and not future.done()]
+        if not started:
+            return
+        with self._lock:
+            self._aborting.update(started)
+        self._wake()
 
     def take_queued(self) -> list[_Task]:
         """Remove and return the tasks no worker has started (for a newer pool)."""
@@ -574,6 +587,8 @@ class _ForkPool:
                     self._receive(worker)
             if deadlines:
                 self._stop_overdue()
+            if self._aborting:
+                self._stop_aborted()
             if self._ctl in ready:
                 self._read_ctl()
 
@@ -595,6 +610,36 @@ class _ForkPool:
                     f"worker process (pid {worker.pid}) was killed and replaced",
                     timeout_s=timeout_s,
                     items=task.items,
+                )
+            )
+
+    def _stop_aborted(self) -> None:
+        """Kill each worker running a chunk passed to :meth:`abort`; fail that chunk.
+
+        Run by the dispatcher, which alone hands chunks to workers: a worker
+        that has moved on to another map's chunk is never killed for this one.
+        """
+        with self._lock:
+            aborting, self._aborting = self._aborting, set()
+            unsent = [task for task in self._unsent if task.future in aborting]
+            for task in unsent:
+                self._unsent.remove(task)
+        stopped: list[tuple[_Task, int | None]] = [(task, None) for task in unsent]
+        for worker in list(self._workers):
+            running = worker.task
+            if running is None or running.future not in aborting:
+                continue
+            worker.task, worker.deadline = None, None
+            worker.kill()
+            worker.lost = True  # no chunk goes to it; the zygote reports its exit
+            stopped.append((running, worker.pid))
+        for task, pid in stopped:
+            where = "before it started" if pid is None else f"and its worker (pid {pid}) killed"
+            task.future.set_exception(
+                WorkerCrashedError(
+                    f"{task.name} was stopped {where}: the map it belonged to was "
+                    f"interrupted (KeyboardInterrupt, SystemExit or close())",
+                    exitcode=None if pid is None else -signal.SIGKILL,
                 )
             )
 
@@ -890,6 +935,17 @@ class ForkBackend(Backend):
             raise
         lease.release_when_done(future)  # its shared-memory segments live until then
         return future
+
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Cancel these chunks and kill the workers running any of them.
+
+        See :meth:`Backend.abort`. Each killed worker is replaced; its chunk
+        fails with :class:`~smartexec.errors.WorkerCrashedError`.
+        """
+        with self._lock:
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.abort(futures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -168,6 +168,27 @@ class LokyBackend(Backend):
         with self._lock:
             self._pending.discard(future)
 
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Cancel these chunks; kill loky's workers if some of them already run.
+
+        See :meth:`Backend.abort`. loky cannot kill one worker, so its pool
+        is killed (and a fresh one starts at the next chunk) only when every
+        chunk still pending on it is one of ``futures``: another map's
+        running chunks are never killed for this one (then the running
+        chunks of this map run to their end, as they would without).
+        """
+        started = [future for future in futures if not future.cancel() and not future.done()]
+        if not started:
+            return
+        with self._lock:
+            pool = self._pool
+            others = self._pending.difference(futures)
+            if pool is None or any(not future.done() for future in others):
+                return
+            self._pool = None
+        # Killed before the futures fail: loky fails them itself (nobody reads them).
+        pool.shutdown(wait=True, kill_workers=True)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closed = True
