@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, Literal, TypeVar
 
@@ -29,6 +29,7 @@ from ._mapping import (
     TINY_ITEM_S,
     ChunkStream,
     InlineRun,
+    as_generator,
     common_length,
     count_at_end,
     default_buffersize,
@@ -190,7 +191,15 @@ def _retryable(exc: BaseException) -> bool:
 
 def _options_without_backend(options: dict[str, Any]) -> str:
     """The message for backend options given with no ``backend=``."""
-    own = ("max_workers", "backend", "prefer", "big_state_bytes", "task_timeout", "max_retries")
+    own = (
+        "max_workers",
+        "backend",
+        "prefer",
+        "big_state_bytes",
+        "task_timeout",
+        "max_retries",
+        "allow_inline",
+    )
     names = ", ".join(f"{name}=" for name in sorted(options))
     close = [
         f"did you mean {match[0]}= for {name}=? "
@@ -301,9 +310,23 @@ class SmartExecutor(Executor):
             to fork instead. A ``map`` call may set its own. None: no limit.
         max_retries: times a task whose worker process died
             (:class:`~smartexec.errors.WorkerCrashedError`) is run again
-            before its future fails (0, the default: never). A chunk of
-            several items whose worker died is then re-sent one item per
-            chunk, so only the item that kills its worker fails.
+            before its future fails (0, the default: never). Whatever its
+            value, a ``map`` chunk of several items whose worker died is
+            re-sent one item per chunk (charged to none of them), so only
+            the item that kills its worker fails, at its own position.
+        allow_inline: let ``map`` run items of a callable routed to process
+            workers in the calling thread: its first items for about 10 ms
+            to measure them (per-item time, pickling cost, GIL use: a
+            callable found to release the GIL moves to threads), and the
+            whole map when a plain loop is predicted to be as fast. False
+            (the default): such items only ever run in worker processes, so
+            a crash (a segfault in a C extension, ``os._exit``) fails its
+            item with :class:`~smartexec.errors.WorkerCrashedError` (a
+            ``BrokenProcessPool``) instead of killing this process; the
+            first chunks are small, to measure the items in the workers, and
+            an unmeasured callable that may hold the GIL stays on processes.
+            Callables routed to threads are measured in this process either
+            way (they run in it).
         progress: the default for ``map``'s ``progress``: True draws a tqdm
             bar that counts items for every ``map``; a tqdm-like factory
             (:data:`smartexec.progress.ProgressFactory`) draws its bars;
@@ -322,7 +345,7 @@ class SmartExecutor(Executor):
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
             one of the accepted values.
         TypeError: ``max_workers`` is not an int; ``progress`` is neither a
-            bool nor callable; backend options were given without
+            bool nor callable; ``allow_inline`` is not a bool; backend options were given without
             ``backend``, or the backend does not take one of them (the
             message lists those it takes).
         ImportError: ``progress=True`` and tqdm is not installed
@@ -346,6 +369,7 @@ class SmartExecutor(Executor):
         task_timeout: float | None = None,
         max_retries: int = 0,
         progress: bool | ProgressFactory = False,
+        allow_inline: bool = False,
         **backend_options: Any,
     ):
         if max_workers is not None:
@@ -371,6 +395,11 @@ class SmartExecutor(Executor):
         _require_int("max_retries", max_retries, "an int")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if not isinstance(allow_inline, bool):
+            raise TypeError(
+                f"allow_inline must be True or False, got {allow_inline!r} "
+                f"({type(allow_inline).__qualname__})"
+            )
         if backend is not None:
             factory = self._check_available(backend)
             if task_timeout is not None and not _takes_timeouts(factory):
@@ -386,7 +415,9 @@ class SmartExecutor(Executor):
             prefer=prefer,
             big_state_bytes=big_state_bytes,
             stoppable=task_timeout is not None,
+            allow_inline=allow_inline,
         )
+        self._allow_inline = allow_inline
         self._task_timeout = task_timeout
         self._max_retries = max_retries
         self._progress = progress_factory(progress)
@@ -620,20 +651,24 @@ class SmartExecutor(Executor):
         buffersize: int | None = None,
         task_timeout: float | None = None,
         progress: bool | ProgressFactory | None = None,
-    ) -> Iterator[T]:
+    ) -> Generator[T, None, None]:
         factory = self._progress if progress is None else progress_factory(progress)
+        results = self._map(fn, iterables, timeout, chunksize, buffersize, task_timeout)
         if factory is not None:
             total = common_length(iterables)
-            results = self.map(
-                fn,
-                *iterables,
-                timeout=timeout,
-                chunksize=chunksize,
-                buffersize=buffersize,
-                task_timeout=task_timeout,
-                progress=False,
-            )
-            return track(results, factory, total=total, desc=callable_name(fn))
+            results = track(results, factory, total=total, desc=callable_name(fn))
+        return as_generator(results)
+
+    def _map(
+        self,
+        fn: Callable[..., T],
+        iterables: tuple[Iterable[Any], ...],
+        timeout: float | None,
+        chunksize: int | None,
+        buffersize: int | None,
+        task_timeout: float | None,
+    ) -> Iterator[T]:
+        """:meth:`map`'s work: the iterator of results (not always a generator)."""
         for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
             if value is not None:
                 _require_int(name, value, "an int or None")
@@ -665,7 +700,12 @@ class SmartExecutor(Executor):
         # that keeps the cores busy by itself (its own BLAS threads) is
         # measured on threads too: a loop is then as fast, with no
         # oversubscription.
-        gil_check = decision.measure or (decision.gil is not None and recheck_due(fn))
+        # Without allow_inline, no item of a process-routed callable runs here:
+        # a crash must fail its item, not kill this process.
+        inline_ok = self._allow_inline or backend.shares_memory
+        gil_check = inline_ok and (
+            decision.measure or (decision.gil is not None and recheck_due(fn))
+        )
         parallel_already = (
             backend.shares_memory
             and decision.gil is not None
@@ -681,7 +721,9 @@ class SmartExecutor(Executor):
             and (gil_check or not backend.shares_memory or parallel_already)
         )
 
-        def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
+        def open_stream(
+            rest: Iterator[tuple[Any, ...]], left: int | None, measure_first: bool = False
+        ) -> ChunkStream:
             return self._open_stream(
                 fn,
                 decision,
@@ -693,8 +735,23 @@ class SmartExecutor(Executor):
                 buffersize,
                 end_time,
                 task_timeout,
+                measure_first,
             )
 
+        if auto and not inline_ok:
+            stream = open_stream(inputs, remaining, measure_first=True)
+            self._note(
+                decision,
+                estimate,
+                decision.backend,
+                (
+                    "no items ran in this thread (a crash there would kill it): the first "
+                    "chunks are small, to measure the items in the workers "
+                    "(allow_inline=True measures here first)",
+                ),
+                stream,
+            )
+            return stream_values([], stream)
         if not auto:
             stream = open_stream(inputs, remaining)
             why = (
@@ -794,6 +851,20 @@ class SmartExecutor(Executor):
                 ),
             )
             return drain(prefix)
+        if not (self._allow_inline or backend.shares_memory):
+            # Measured on threads, which moved it to processes: no more items here.
+            stream = open_stream(rest(), left())
+            self._note(
+                decision,
+                estimate,
+                decision.backend,
+                (
+                    f"after {run.items} items measured in this thread (routed to threads "
+                    f"then), the rest runs on {decision.backend} (allow_inline=False)",
+                ),
+                stream,
+            )
+            return stream_values(prefix, stream)
         first = verdict()
         if not first.inline:
             stream = open_stream(rest(), left())
@@ -892,8 +963,13 @@ class SmartExecutor(Executor):
         buffersize: int | None,
         end_time: float | None,
         task_timeout: float | None = None,
+        measure_first: bool = False,
     ) -> ChunkStream:
-        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now."""
+        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now.
+
+        ``measure_first``: until an item is measured, chunks grow from one
+        item (see :class:`~smartexec._mapping.ChunkStream`).
+        """
         with self._lock:
             _check_open(self)
             target = backend.prepare(fn, decision.share)
@@ -927,6 +1003,8 @@ class SmartExecutor(Executor):
                 on_chunk_error=explain_error,
                 in_process=backend.shares_memory,
                 max_retries=self._max_retries,
+                measure_first=measure_first and chunksize is None,
+                abort=backend.abort,
             )
 
     map.__doc__ = (
