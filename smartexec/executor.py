@@ -1019,16 +1019,30 @@ class SmartExecutor(Executor):
         * with no ``chunksize``, chunks are sized from per-item time measured
           in the workers, re-tuned as chunks finish; workers stop a chunk that
           runs far past its expected time and the rest is re-chunked;
-        * when the executor chose the backend (no ``backend=``), no
-          ``chunksize`` and no ``timeout`` are given, the first items run in
-          the calling thread for about 10 ms to measure them (their results
-          are kept, and their side effects happen in this process); if a
-          plain loop is predicted to be at least as fast, the whole map runs
-          inline (see :meth:`decisions` for the figures). Callables shared
-          with fork workers by copy-on-write never run in the calling thread;
+        * it returns a generator on every route (``close()``, ``send()``,
+          ``throw()``; ``send(x)`` acts as ``next()``);
+        * no item of a callable routed to process workers runs in the calling
+          process (a crash fails its item with
+          :class:`~smartexec.errors.WorkerCrashedError`, a
+          ``BrokenProcessPool``); until the items are measured, chunks grow
+          from one item (1, 2, 4, ...);
+        * with ``SmartExecutor(allow_inline=True)``, or for a callable routed
+          to threads, when the executor chose the backend (no ``backend=``),
+          no ``chunksize`` and no ``timeout`` are given, the first items run
+          in the calling thread for about 10 ms to measure them (their
+          results are kept, and their side effects happen in this process);
+          if a plain loop is predicted to be at least as fast, the whole map
+          runs inline (see :meth:`decisions` for the figures). Callables
+          shared with fork workers by copy-on-write never run in the calling
+          thread;
         * each item's exception is raised at its own position, after the
-          results of the items before it, even within a chunk; closing the
-          iterator early cancels every chunk not yet started;
+          results of the items before it, even within a chunk; a chunk of
+          several items whose worker died is re-sent one item per chunk, so
+          only the culprit fails. An item's exception or ``timeout`` cancels
+          every chunk not yet started (running ones finish, as in the
+          stdlib); ``close()``, ``KeyboardInterrupt`` or ``SystemExit``
+          also stops the chunks running on process workers (their workers
+          are killed and replaced), so the next map does not wait for them;
         * ``progress``: True draws a tqdm bar that counts items (whatever the
           chunksize or backend) as their results are taken, a tqdm-like
           factory draws its own, False draws none, and None (the default)
