@@ -345,9 +345,9 @@ class SmartExecutor(Executor):
         ValueError: ``max_workers`` is not positive, or ``prefer`` is not
             one of the accepted values.
         TypeError: ``max_workers`` is not an int; ``progress`` is neither a
-            bool nor callable; ``allow_inline`` is not a bool; backend options were given without
-            ``backend``, or the backend does not take one of them (the
-            message lists those it takes).
+            bool nor callable; ``allow_inline`` is not a bool; backend
+            options were given without ``backend``, or the backend does not
+            take one of them (the message lists those it takes).
         ImportError: ``progress=True`` and tqdm is not installed
             (``pip install 'smartexec[progress]'``).
         ValueError: ``task_timeout`` is not positive, ``max_retries`` is

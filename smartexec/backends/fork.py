@@ -330,7 +330,9 @@ class _ForkPool:
         self._pause_requested = False
         self._paused = False
         self._broken: BaseException | None = None
-        self._aborting: set[Future[ChunkResult]] = set()  # see abort()
+        # Futures to stop (see abort()): appended without a lock, as abort() may
+        # run in a generator's finalizer, in a thread that holds self._lock.
+        self._aborting: collections.deque[Future[ChunkResult]] = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -382,13 +384,13 @@ class _ForkPool:
     def abort(self, futures: Iterable[Future[ChunkResult]]) -> None:
         """Cancel these chunks; the dispatcher kills the workers running any of them.
 
-        Futures of other pools are ignored. Returns at once.
+        Futures of other pools are ignored. Returns at once; takes no lock of
+        this pool (it may be called by a generator's finalizer, anywhere).
         """
         started = [future for future in futures if not future.cancel() and not future.done()]
         if not started:
             return
-        with self._lock:
-            self._aborting.update(started)
+        self._aborting.extend(started)
         self._wake()
 
     def take_queued(self) -> list[_Task]:
@@ -619,8 +621,10 @@ class _ForkPool:
         Run by the dispatcher, which alone hands chunks to workers: a worker
         that has moved on to another map's chunk is never killed for this one.
         """
+        aborting = set()
+        while self._aborting:
+            aborting.add(self._aborting.popleft())
         with self._lock:
-            aborting, self._aborting = self._aborting, set()
             unsent = [task for task in self._unsent if task.future in aborting]
             for task in unsent:
                 self._unsent.remove(task)
@@ -940,10 +944,10 @@ class ForkBackend(Backend):
         """Cancel these chunks and kill the workers running any of them.
 
         See :meth:`Backend.abort`. Each killed worker is replaced; its chunk
-        fails with :class:`~smartexec.errors.WorkerCrashedError`.
+        fails with :class:`~smartexec.errors.WorkerCrashedError`. Takes no
+        lock (a generator's finalizer may call it in a thread holding one).
         """
-        with self._lock:
-            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        pools = [p for p in (*self._retired, self._pool) if p is not None]
         for pool in pools:
             pool.abort(futures)
 

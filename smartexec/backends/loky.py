@@ -180,12 +180,18 @@ class LokyBackend(Backend):
         started = [future for future in futures if not future.cancel() and not future.done()]
         if not started:
             return
-        with self._lock:
+        # A bounded wait: a generator's finalizer may call this in a thread that
+        # holds the lock (then the chunks are only cancelled).
+        if not self._lock.acquire(timeout=0.5):
+            return
+        try:
             pool = self._pool
             others = self._pending.difference(futures)
             if pool is None or any(not future.done() for future in others):
                 return
             self._pool = None
+        finally:
+            self._lock.release()
         # Killed before the futures fail: loky fails them itself (nobody reads them).
         pool.shutdown(wait=True, kill_workers=True)
 
