@@ -48,6 +48,8 @@ def sleep_then_mark(i, folder, seconds=1.5):
     if i == "bad":
         raise TypeError("a bad item")
     if i >= 2:
+        with open(os.path.join(folder, f"started-{i}"), "w"):
+            pass
         time.sleep(seconds)
         with open(os.path.join(folder, f"done-{i}"), "w"):
             pass
@@ -180,6 +182,14 @@ def test_one_crash_fails_one_item_at_its_position(chunksize):
 # -- item 3: an interrupted map stops its running chunks ----------------------------
 
 
+def _wait_started(folder, *items):
+    deadline = time.monotonic() + 30
+    for i in items:
+        while not os.path.exists(os.path.join(folder, f"started-{i}")):
+            assert time.monotonic() < deadline, f"item {i} never started"
+            time.sleep(0.01)
+
+
 def _markers(folder):
     return sorted(name for name in os.listdir(folder) if name.startswith("done-"))
 
@@ -194,12 +204,12 @@ def test_an_interrupted_map_stops_its_running_chunks(backend, how, tmp_path):
         if how == "raise in the loop":
             with pytest.raises(KeyboardInterrupt):
                 for _ in results:
-                    time.sleep(0.3)  # items 2 and 3 are running now (2 workers)
+                    _wait_started(folder, 2, 3)  # running now, on the 2 workers
                     raise KeyboardInterrupt
             del results  # (a loop over ex.map(...) itself drops it as the exception leaves)
         else:
             assert next(results) == 0
-            time.sleep(0.3)  # items 2 and 3 are running now (2 workers)
+            _wait_started(folder, 2, 3)  # running now, on the 2 workers
             if how == "throw":  # as a Ctrl-C while the generator waits
                 with pytest.raises(KeyboardInterrupt):
                     results.throw(KeyboardInterrupt)
@@ -219,9 +229,10 @@ def test_an_item_error_lets_running_chunks_finish_as_the_stdlib_does(tmp_path):
 
     with SmartExecutor(2, backend="fork") as ex:
         results = ex.map(sleep_then_mark, [0, "bad", 2], itertools.repeat(folder), chunksize=1)
+        _wait_started(folder, 2)  # "bad" has failed, item 2 runs
         assert next(results) == 0
         with pytest.raises(TypeError):
-            next(results)  # item "bad" fails in its worker; item 2 runs on
+            next(results)  # item "bad" failed in its worker; item 2 runs on
     assert _markers(folder) == ["done-2"]
 
 
