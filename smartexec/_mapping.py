@@ -10,7 +10,9 @@
 * re-sends the items a worker left when it stopped a chunk at its time budget
   (items that got slower than the estimate said), before waiting on anything;
 * yields results in input order, raising each item's exception at its own
-  position, and cancels every chunk still pending when the iterator is closed.
+  position, and cancels every chunk still pending when the iterator stops;
+  when it stops by ``KeyboardInterrupt``, ``SystemExit`` or ``close()``, it
+  also stops the chunks already running (``Backend.abort``).
 
 Only the thread that iterates touches a stream, so it needs no lock.
 
@@ -25,7 +27,8 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+import types
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -47,6 +50,7 @@ T = TypeVar("T")
 __all__ = [
     "ChunkStream",
     "InlineRun",
+    "as_generator",
     "read_up_to",
     "default_buffersize",
     "common_length",
@@ -60,6 +64,7 @@ __all__ = [
 ]
 
 Send = Callable[[list[Call], "float | None"], "Future[ChunkResult]"]
+Abort = Callable[[Sequence["Future[ChunkResult]"]], None]
 
 
 def default_buffersize(n_workers: int) -> int:
@@ -108,11 +113,18 @@ class ChunkStream:
             an item is measured, chunks hold one item so results stream.
         max_retries: times an item is sent again after its worker died
             (:class:`~smartexec.errors.WorkerCrashedError`).
+        measure_first: until an item is measured, chunks grow from one item,
+            doubling (1, 2, 4, ...), so the first results (and the first
+            per-item time, for the chunksize) come back at once.
+        abort: ``(futures) -> None``: stops those chunks, running ones too
+            (:meth:`~smartexec.backends._base.Backend.abort`); called when
+            the iteration ends by ``KeyboardInterrupt``, ``SystemExit`` or
+            ``close()``. None: such chunks are only cancelled.
 
     When a chunk of several items fails as a whole — its worker died, or it
     ran past the ``task_timeout`` — the stream cannot tell which item was to
-    blame, so it sends the chunk's items again one per chunk (a timed-out
-    chunk always, a crashed one when ``max_retries`` allows): the culprit
+    blame, so it sends the chunk's items again one per chunk, whatever
+    ``max_retries`` (those re-sends are charged to no item): the culprit
     then fails alone, at its own position, and the others get their results.
     Those items run twice, side effects included. Otherwise the chunk's
     error is raised at the position of its first item.
@@ -138,6 +150,8 @@ class ChunkStream:
         on_chunk_error: Callable[[BaseException, list[Call]], BaseException],
         in_process: bool = False,
         max_retries: int = 0,
+        measure_first: bool = False,
+        abort: Abort | None = None,
     ):
         self._send = send
         self._calls = calls
@@ -152,6 +166,8 @@ class ChunkStream:
         self._on_chunk_error = on_chunk_error
         self._in_process = in_process
         self._max_retries = max_retries
+        self._measure_first = measure_first
+        self._abort = abort
         self._window: collections.deque[_Slot] = collections.deque()
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
@@ -175,6 +191,8 @@ class ChunkStream:
             # Sized once, from the whole input, as multiprocessing.Pool.map does:
             # recomputed from what is left, the first window's chunks shrank.
             size = default_chunksize(self._length, self._workers, in_process=self._in_process)
+            if self._measure_first:
+                size = min(size, 1 << min(len(self.sizes), 30))
             return min(size, MAX_CHUNK_ITEMS), None
         size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)
         return size, chunk_budget_s(per_item, size)
@@ -250,10 +268,10 @@ class ChunkStream:
         crashed = isinstance(exc, WorkerCrashedError)
         if not (crashed or isinstance(exc, TaskTimeoutError)):
             return False
-        if len(slot.calls) > 1 and (not crashed or slot.retries > 0):
+        if len(slot.calls) > 1:
             # Which item was it? Send each alone, right after this slot. The
-            # crash is charged to none of them: the culprit crashes again alone
-            # and spends its own retries.
+            # failure is charged to none of them: the culprit fails again alone
+            # (and spends its own retries), the others give their results.
             singles = [_Slot([call], self._send([call], None), slot.retries) for call in slot.calls]
             slot.calls = []
             for offset, single in enumerate(singles, start=1):
@@ -314,6 +332,13 @@ class ChunkStream:
                         self._exhausted = True
             if late_error is not None:
                 raise late_error
+        except Exception:
+            raise  # an error of the map (timeout, input): cancel what has not started
+        except BaseException:
+            # Ctrl-C, SystemExit, or the consumer closed the iterator (GeneratorExit):
+            # nobody will read the chunks running now either.
+            self.abort()
+            raise
         finally:
             self.cancel()
 
@@ -323,6 +348,21 @@ class ChunkStream:
         for slot in self._window:
             slot.future.cancel()
         self._window.clear()
+
+    def abort(self) -> None:
+        """Stop every chunk of this map, running ones too; mark the input exhausted.
+
+        Hands the chunks' futures to the ``abort`` callback (the backend kills
+        the process workers running them); without one, only cancels.
+        """
+        futures = [slot.future for slot in self._window]
+        self._exhausted = True
+        self._window.clear()
+        if self._abort is None:
+            for future in futures:
+                future.cancel()
+        else:
+            self._abort(futures)
 
 
 #: Below this many seconds per item, batches run through ``itertools.starmap``
@@ -623,14 +663,50 @@ class _TimedItems:
 
 
 def stream_values(prefix: list[Any], stream: ChunkStream) -> Iterator[Any]:
-    """Yield the probe's results, then each streamed outcome; raise at its position."""
+    """Yield the probe's results, then each streamed outcome; raise at its position.
+
+    An item's exception cancels the chunks not started and lets running ones
+    finish, as the stdlib's ``map`` does; closing this generator, or
+    ``KeyboardInterrupt`` / ``SystemExit`` while it waits, stops running
+    chunks too (:meth:`ChunkStream.abort`).
+    """
     try:
-        yield from drain(prefix)
+        yield from _closing(drain(prefix))  # send(x) acts as next(), as in the stdlib
         for outcomes in stream.chunks():
             outcomes.reverse()
             while outcomes:
                 if not outcomes[-1][0]:
+                    stream.cancel()  # before the chunks generator is closed (an abort)
                     raise outcomes.pop()[1]
                 yield outcomes.pop()[1]
     finally:
         stream.cancel()
+
+
+def as_generator(results: Iterator[T]) -> Generator[T, None, None]:
+    """``results`` as a generator: ``close()``, ``send()`` and ``throw()`` exist.
+
+    A generator is returned as it is. Otherwise the returned generator
+    yields from ``results`` and closes it (when it has ``close()``) once it
+    stops, however it stops. ``send(value)`` acts as ``next()``; ``throw``
+    raises the exception at the current position.
+    """
+    if isinstance(results, types.GeneratorType):
+        return results
+    return _closing(results)
+
+
+def _closing(results: Iterator[T]) -> Generator[T, None, None]:
+    step = results.__next__
+    try:
+        # Not ``yield from``: send(x) must act as next(), as in the stdlib. And
+        # nothing here keeps a result once it is handed out (test_free_reference).
+        while True:
+            try:
+                yield step()
+            except StopIteration:
+                return
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()

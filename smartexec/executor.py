@@ -18,7 +18,7 @@ import multiprocessing
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal, TypeVar
@@ -32,6 +32,7 @@ from ._mapping import (
     TINY_ITEM_S,
     ChunkStream,
     InlineRun,
+    as_generator,
     common_length,
     count_at_end,
     default_buffersize,
@@ -198,7 +199,15 @@ def _retryable(exc: BaseException) -> bool:
 
 def _options_without_backend(options: dict[str, Any]) -> str:
     """The message for backend options given with no ``backend=``."""
-    own = ("max_workers", "backend", "prefer", "big_state_bytes", "task_timeout", "max_retries")
+    own = (
+        "max_workers",
+        "backend",
+        "prefer",
+        "big_state_bytes",
+        "task_timeout",
+        "max_retries",
+        "allow_inline",
+    )
     names = ", ".join(f"{name}=" for name in sorted(options))
     close = [
         f"did you mean {match[0]}= for {name}=? "
@@ -394,9 +403,23 @@ class SmartExecutor(Executor):
             to fork instead. A ``map`` call may set its own. None: no limit.
         max_retries: times a task whose worker process died
             (:class:`~smartexec.errors.WorkerCrashedError`) is run again
-            before its future fails (0, the default: never). A chunk of
-            several items whose worker died is then re-sent one item per
-            chunk, so only the item that kills its worker fails.
+            before its future fails (0, the default: never). Whatever its
+            value, a ``map`` chunk of several items whose worker died is
+            re-sent one item per chunk (charged to none of them), so only
+            the item that kills its worker fails, at its own position.
+        allow_inline: let ``map`` run items of a callable routed to process
+            workers in the calling thread: its first items for about 10 ms
+            to measure them (per-item time, pickling cost, GIL use: a
+            callable found to release the GIL moves to threads), and the
+            whole map when a plain loop is predicted to be as fast. False
+            (the default): such items only ever run in worker processes, so
+            a crash (a segfault in a C extension, ``os._exit``) fails its
+            item with :class:`~smartexec.errors.WorkerCrashedError` (a
+            ``BrokenProcessPool``) instead of killing this process; the
+            first chunks are small, to measure the items in the workers, and
+            an unmeasured callable that may hold the GIL stays on processes.
+            Callables routed to threads are measured in this process either
+            way (they run in it).
         progress: the default for ``map``'s ``progress``: True draws a tqdm
             bar that counts items for every ``map``; a tqdm-like factory
             (:data:`smartexec.progress.ProgressFactory`) draws its bars;
@@ -421,8 +444,8 @@ class SmartExecutor(Executor):
             callable (``"initializer must be a callable"``, as the stdlib);
             ``max_tasks_per_child`` is not an int; ``mp_context`` is not a
             context; ``initializer`` is given for a backend that cannot run
-            one; ``progress`` is neither a
-            bool nor callable; backend options were given without
+            one; ``progress`` is neither a bool nor callable;
+            ``allow_inline`` is not a bool; backend options were given without
             ``backend``, or the backend does not take one of them (the
             message lists those it takes).
         ImportError: ``progress=True`` and tqdm is not installed
@@ -450,6 +473,7 @@ class SmartExecutor(Executor):
         task_timeout: float | None = None,
         max_retries: int = 0,
         progress: bool | ProgressFactory = False,
+        allow_inline: bool = False,
         **backend_options: Any,
     ):
         if max_workers is not None:
@@ -480,6 +504,11 @@ class SmartExecutor(Executor):
         self._max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
         start_method = _start_method(mp_context)
         self._check_worker_options(backend, start_method)
+        if not isinstance(allow_inline, bool):
+            raise TypeError(
+                f"allow_inline must be True or False, got {allow_inline!r} "
+                f"({type(allow_inline).__qualname__})"
+            )
         if backend is not None:
             factory = self._check_available(backend)
             if task_timeout is not None and not _takes_timeouts(factory):
@@ -498,7 +527,9 @@ class SmartExecutor(Executor):
             start_method=start_method,
             retires_workers=self._max_tasks_per_child is not None,
             initializer=initializer is not None,
+            allow_inline=allow_inline,
         )
+        self._allow_inline = allow_inline
         self._task_timeout = task_timeout
         self._max_retries = max_retries
         self._progress = progress_factory(progress)
@@ -835,20 +866,24 @@ class SmartExecutor(Executor):
         buffersize: int | None = None,
         task_timeout: float | None = None,
         progress: bool | ProgressFactory | None = None,
-    ) -> Iterator[T]:
+    ) -> Generator[T, None, None]:
         factory = self._progress if progress is None else progress_factory(progress)
+        results = self._map(fn, iterables, timeout, chunksize, buffersize, task_timeout)
         if factory is not None:
             total = common_length(iterables)
-            results = self.map(
-                fn,
-                *iterables,
-                timeout=timeout,
-                chunksize=chunksize,
-                buffersize=buffersize,
-                task_timeout=task_timeout,
-                progress=False,
-            )
-            return track(results, factory, total=total, desc=callable_name(fn))
+            results = track(results, factory, total=total, desc=callable_name(fn))
+        return as_generator(results)
+
+    def _map(
+        self,
+        fn: Callable[..., T],
+        iterables: tuple[Iterable[Any], ...],
+        timeout: float | None,
+        chunksize: int | None,
+        buffersize: int | None,
+        task_timeout: float | None,
+    ) -> Iterator[T]:
+        """:meth:`map`'s work: the iterator of results (not always a generator)."""
         for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
             if value is not None:
                 _require_int(name, value, "an int or None")
@@ -883,7 +918,12 @@ class SmartExecutor(Executor):
         # that keeps the cores busy by itself (its own BLAS threads) is
         # measured on threads too: a loop is then as fast, with no
         # oversubscription.
-        gil_check = decision.measure or (decision.gil is not None and recheck_due(fn))
+        # Without allow_inline, no item of a process-routed callable runs here:
+        # a crash must fail its item, not kill this process.
+        inline_ok = self._allow_inline or backend.shares_memory
+        gil_check = inline_ok and (
+            decision.measure or (decision.gil is not None and recheck_due(fn))
+        )
         parallel_already = (
             backend.shares_memory
             and decision.gil is not None
@@ -900,7 +940,9 @@ class SmartExecutor(Executor):
             and (gil_check or not backend.shares_memory or parallel_already)
         )
 
-        def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
+        def open_stream(
+            rest: Iterator[tuple[Any, ...]], left: int | None, measure_first: bool = False
+        ) -> ChunkStream:
             return self._open_stream(
                 fn,
                 decision,
@@ -912,8 +954,23 @@ class SmartExecutor(Executor):
                 buffersize,
                 end_time,
                 task_timeout,
+                measure_first,
             )
 
+        if auto and not inline_ok:
+            stream = open_stream(inputs, remaining, measure_first=True)
+            self._note(
+                decision,
+                estimate,
+                decision.backend,
+                (
+                    "no items ran in this thread (a crash there would kill it): the first "
+                    "chunks are small, to measure the items in the workers "
+                    "(allow_inline=True measures here first)",
+                ),
+                stream,
+            )
+            return stream_values([], stream)
         if not auto:
             stream = open_stream(inputs, remaining)
             why = (
@@ -1015,6 +1072,20 @@ class SmartExecutor(Executor):
                 ),
             )
             return drain(prefix)
+        if not (self._allow_inline or backend.shares_memory):
+            # Measured on threads, which moved it to processes: no more items here.
+            stream = open_stream(rest(), left())
+            self._note(
+                decision,
+                estimate,
+                decision.backend,
+                (
+                    f"after {run.items} items measured in this thread (routed to threads "
+                    f"then), the rest runs on {decision.backend} (allow_inline=False)",
+                ),
+                stream,
+            )
+            return stream_values(prefix, stream)
         first = verdict()
         if not first.inline:
             stream = open_stream(rest(), left())
@@ -1113,8 +1184,13 @@ class SmartExecutor(Executor):
         buffersize: int | None,
         end_time: float | None,
         task_timeout: float | None = None,
+        measure_first: bool = False,
     ) -> ChunkStream:
-        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now."""
+        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now.
+
+        ``measure_first``: until an item is measured, chunks grow from one
+        item (see :class:`~smartexec._mapping.ChunkStream`).
+        """
         with self._lock:
             _check_open(self)
             target = backend.prepare(fn, decision.share)
@@ -1154,6 +1230,8 @@ class SmartExecutor(Executor):
                 on_chunk_error=explain_error,
                 in_process=backend.shares_memory,
                 max_retries=self._max_retries,
+                measure_first=measure_first and chunksize is None,
+                abort=backend.abort,
             )
 
     map.__doc__ = (
@@ -1168,17 +1246,31 @@ class SmartExecutor(Executor):
         * with no ``chunksize``, chunks are sized from per-item time measured
           in the workers, re-tuned as chunks finish; workers stop a chunk that
           runs far past its expected time and the rest is re-chunked;
-        * when the executor chose the backend (no ``backend=``), no
-          ``chunksize``, no ``timeout`` and no ``initializer`` are given
-          (nor a ``task_timeout``), the first items run in
-          the calling thread for about 10 ms to measure them (their results
-          are kept, and their side effects happen in this process); if a
-          plain loop is predicted to be at least as fast, the whole map runs
-          inline (see :meth:`decisions` for the figures). Callables shared
-          with fork workers by copy-on-write never run in the calling thread;
+        * it returns a generator on every route (``close()``, ``send()``,
+          ``throw()``; ``send(x)`` acts as ``next()``);
+        * no item of a callable routed to process workers runs in the calling
+          process (a crash fails its item with
+          :class:`~smartexec.errors.WorkerCrashedError`, a
+          ``BrokenProcessPool``); until the items are measured, chunks grow
+          from one item (1, 2, 4, ...);
+        * with ``SmartExecutor(allow_inline=True)``, or for a callable routed
+          to threads, when the executor chose the backend (no ``backend=``),
+          no ``chunksize``, no ``timeout`` and no ``initializer`` are given (nor
+          a ``task_timeout``), the first items run
+          in the calling thread for about 10 ms to measure them (their
+          results are kept, and their side effects happen in this process);
+          if a plain loop is predicted to be at least as fast, the whole map
+          runs inline (see :meth:`decisions` for the figures). Callables
+          shared with fork workers by copy-on-write never run in the calling
+          thread;
         * each item's exception is raised at its own position, after the
-          results of the items before it, even within a chunk; closing the
-          iterator early cancels every chunk not yet started;
+          results of the items before it, even within a chunk; a chunk of
+          several items whose worker died is re-sent one item per chunk, so
+          only the culprit fails. An item's exception or ``timeout`` cancels
+          every chunk not yet started (running ones finish, as in the
+          stdlib); ``close()``, ``KeyboardInterrupt`` or ``SystemExit``
+          also stops the chunks running on process workers (their workers
+          are killed and replaced), so the next map does not wait for them;
         * ``progress``: True draws a tqdm bar that counts items (whatever the
           chunksize or backend) as their results are taken, a tqdm-like
           factory draws its own, False draws none, and None (the default)

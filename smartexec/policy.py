@@ -29,9 +29,14 @@ first chunk and keeps it (:mod:`smartexec.transport`). The same happens when
 ``backend="loky"`` is forced for a callable with big state.
 
 The last three rows hold for a callable that holds the GIL, or that has not
-been measured yet: their decisions have ``measure=True``, and the first
-``map`` of the callable watches its first items in the calling thread
-(:mod:`smartexec.gil`) and decides again with the measurement. The user's
+been measured yet. Measuring that runs the callable's first items in the
+calling process (:mod:`smartexec.gil`), which a process pool is chosen to
+avoid (a crash there would kill the caller), so it is done only with
+``SmartExecutor(allow_inline=True)`` (``Options.allow_inline``): those
+decisions have ``measure=True``, and the first ``map`` of the callable
+watches its first items in the calling thread and decides again with the
+measurement. Without it the callable stays on processes (a measurement
+already made, e.g. by another executor, is still used). The user's
 ``prefer=`` and ``backend=`` always win over a measurement.
 """
 
@@ -83,6 +88,9 @@ class Options:
             travels by value (``__main__``, lambda, closure) is shared with
             fork workers rather than pickled, so that it reads the globals
             the initializer set in the worker (a pickled copy brings its own).
+        allow_inline: the user let process-routed callables run items in
+            the calling process (``SmartExecutor(allow_inline=True)``): only
+            then is an unmeasured one's GIL use measured (``measure=True``).
     """
 
     backend: str | None = None
@@ -92,6 +100,7 @@ class Options:
     start_method: str | None = None
     retires_workers: bool = False
     initializer: bool = False
+    allow_inline: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,9 +116,10 @@ class Decision:
             size of its first chunk (later chunks follow the measurements);
             None for the policy's own decision and for inline runs.
         profile: the profile the decision was made from.
-        measure: True when a measurement of the callable's GIL use could
-            change the route (it was routed to processes because it may hold
-            the GIL, and it has not been measured).
+        measure: True when the callable's first ``map`` measures its GIL use
+            in the calling thread, which could change the route (it was
+            routed to processes because it may hold the GIL, it has not been
+            measured, and ``Options.allow_inline`` lets it run there).
         gil: the measurement the decision used, or None.
     """
 
@@ -465,12 +475,17 @@ def _decide(
         gil_reason = "prefer='processes' was given"
     elif measured is not None:
         gil_reason = str(measured)
-    else:
+    elif options.allow_inline:
         gil_reason = (
             "it may hold the GIL, so processes run it in parallel (its first map "
             "measures this and may move it to threads)"
         )
-    measure = measurable and measured is None
+    else:
+        gil_reason = (
+            "it may hold the GIL, so processes run it in parallel (not measured: that "
+            "would run its first items in this process; allow_inline=True measures it)"
+        )
+    measure = measurable and measured is None and options.allow_inline
     gil = measured if measurable else None
 
     if not profile.by_reference:

@@ -199,7 +199,7 @@ def test_a_blas_pool_still_spinning_is_not_the_items():
     a = np.ones((800, 800))
     gil.forget(sleep_5ms)
     try:
-        with SmartExecutor(2) as ex:
+        with SmartExecutor(2, allow_inline=True) as ex:
             (a @ a).sum()
             assert list(ex.map(sleep_5ms, range(40))) == list(range(40))
             measured = gil.recall(sleep_5ms)

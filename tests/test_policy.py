@@ -109,15 +109,20 @@ from smartexec.gil import GilProfile  # noqa: E402
 WAITS = GilProfile("waits", 5, 0.05, 0.04, 0.0, 90)
 RELEASES = GilProfile("releases", 9, 0.05, 1.0, 0.06, 80)
 HOLDS = GilProfile("holds", 4, 0.06, 1.0, 0.87, 11)
+INLINE_OK = Options(allow_inline=True)
 
 
 @pytest.mark.parametrize(
     "prof, platform, options, measured, backend, measure",
     [
-        # unmeasured GIL-holding candidates ask for a measurement
-        (profile("function"), LINUX, Options(), None, "fork", True),
-        (profile("lambda", by_reference=False), LINUX, Options(), None, "loky", True),
-        (profile("function"), NO_FORK, Options(), None, "loky", True),
+        # unmeasured GIL-holding candidates ask for a measurement, when
+        # allowed to run items in the calling process
+        (profile("function"), LINUX, INLINE_OK, None, "fork", True),
+        (profile("lambda", by_reference=False), LINUX, INLINE_OK, None, "loky", True),
+        (profile("function"), NO_FORK, INLINE_OK, None, "loky", True),
+        (profile("function"), LINUX, Options(), None, "fork", False),
+        (profile("lambda", by_reference=False), LINUX, Options(), None, "loky", False),
+        (profile("function"), NO_FORK, Options(), None, "loky", False),
         # measured: waits / releases -> threads, holds -> processes
         (profile("function"), LINUX, Options(), WAITS, "thread", False),
         (profile("function"), LINUX, Options(), RELEASES, "thread", False),
@@ -145,6 +150,11 @@ def test_measured_gil_use_routes(prof, platform, options, measured, backend, mea
     if measured is not None and backend == "thread" and options == Options():
         assert decision.gil is measured
         assert str(measured) in decision.reasons
+
+
+def test_an_unmeasured_decision_says_why_it_was_not_measured():
+    assert "allow_inline=True measures it" in str(decide(profile("function"), LINUX, Options()))
+    assert "its first map measures this" in str(decide(profile("function"), LINUX, INLINE_OK))
 
 
 def test_a_measured_decision_shows_its_evidence():

@@ -40,7 +40,7 @@ def test_stats_count_every_item_and_chunk(backend):
 
 
 def test_items_run_in_the_calling_thread_count_as_inline():
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         assert list(ex.map(noop, range(5000))) == list(range(5000))
         stats = ex.stats()
     assert stats.backends["inline"].items == 5000
@@ -61,7 +61,7 @@ def spin_5us(x):
     ],
 )
 def test_an_inline_tail_counts_every_item(fn, make_input):
-    with SmartExecutor(1) as ex:  # one worker: a loop is always as fast
+    with SmartExecutor(1, allow_inline=True) as ex:  # one worker: a loop is always as fast
         list(ex.map(fn, range(10)))  # an estimate from an older map: the tail re-checks it
         before = ex.stats().backends["inline"].items
         out = list(ex.map(fn, make_input()))

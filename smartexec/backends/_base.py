@@ -233,6 +233,24 @@ class Backend(abc.ABC):
             RuntimeError: called after :meth:`shutdown`.
         """
 
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Stop these chunks (one interrupted ``map``'s): cancel them, and stop running ones.
+
+        Called by a ``map`` whose iteration ended by ``KeyboardInterrupt``,
+        ``SystemExit`` or ``close()``, so that the next map does not wait for
+        chunks nobody will read. The default cancels those not started and
+        lets running ones finish (threads cannot be stopped); process
+        backends override it to kill the workers running them (the pool
+        replaces them). Returns without waiting for the chunks to end; a
+        stopped chunk's future fails (nobody reads it). Chunks of other maps
+        are not touched.
+
+        Args:
+            futures: futures returned by :meth:`submit_chunk` of this backend.
+        """
+        for future in futures:
+            future.cancel()
+
     def terminate(self) -> None:
         """Stop now (Ctrl-C): cancel chunks not started, stop running ones if possible.
 

@@ -50,7 +50,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
@@ -451,6 +451,9 @@ class _ForkPool:
         self._pause_requested = False
         self._paused = False
         self._broken: BaseException | None = None
+        # Futures to stop (see abort()): appended without a lock, as abort() may
+        # run in a generator's finalizer, in a thread that holds self._lock.
+        self._aborting: collections.deque[Future[ChunkResult]] = collections.deque()
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -504,6 +507,18 @@ class _ForkPool:
             with _OWNER_LOCK:
                 task.pool = self
             self._queue.append(task)
+        self._wake()
+
+    def abort(self, futures: Iterable[Future[ChunkResult]]) -> None:
+        """Cancel these chunks; the dispatcher kills the workers running any of them.
+
+        Futures of other pools are ignored. Returns at once; takes no lock of
+        this pool (it may be called by a generator's finalizer, anywhere).
+        """
+        started = [future for future in futures if not future.cancel() and not future.done()]
+        if not started:
+            return
+        self._aborting.extend(started)
         self._wake()
 
     def take_queued(self) -> list[_Task]:
@@ -755,6 +770,8 @@ class _ForkPool:
                     self._receive(worker)
             if deadlines:
                 self._stop_overdue()
+            if self._aborting:
+                self._stop_aborted()
             if self._ctl in ready:
                 self._read_ctl()
 
@@ -776,6 +793,38 @@ class _ForkPool:
                     f"worker process (pid {worker.pid}) was killed and replaced",
                     timeout_s=timeout_s,
                     items=task.items,
+                )
+            )
+
+    def _stop_aborted(self) -> None:
+        """Kill each worker running a chunk passed to :meth:`abort`; fail that chunk.
+
+        Run by the dispatcher, which alone hands chunks to workers: a worker
+        that has moved on to another map's chunk is never killed for this one.
+        """
+        aborting = set()
+        while self._aborting:
+            aborting.add(self._aborting.popleft())
+        with self._lock:
+            unsent = [task for task in self._unsent if task.future in aborting]
+            for task in unsent:
+                self._unsent.remove(task)
+        stopped: list[tuple[_Task, int | None]] = [(task, None) for task in unsent]
+        for worker in list(self._workers):
+            running = worker.task
+            if running is None or running.future not in aborting:
+                continue
+            worker.task, worker.deadline = None, None
+            worker.kill()
+            worker.lost = True  # no chunk goes to it; the zygote reports its exit
+            stopped.append((running, worker.pid))
+        for task, pid in stopped:
+            where = "before it started" if pid is None else f"and its worker (pid {pid}) killed"
+            task.future.set_exception(
+                WorkerCrashedError(
+                    f"{task.name} was stopped {where}: the map it belonged to was "
+                    f"interrupted (KeyboardInterrupt, SystemExit or close())",
+                    exitcode=None if pid is None else -signal.SIGKILL,
                 )
             )
 
@@ -1295,6 +1344,17 @@ class ForkBackend(Backend):
         lease.release_when_done(future)  # its shared-memory segments live until then
         task.payload = payload
         task.wake_pool()
+
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Cancel these chunks and kill the workers running any of them.
+
+        See :meth:`Backend.abort`. Each killed worker is replaced; its chunk
+        fails with :class:`~smartexec.errors.WorkerCrashedError`. Takes no
+        lock (a generator's finalizer may call it in a thread holding one).
+        """
+        pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.abort(futures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

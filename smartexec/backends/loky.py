@@ -344,6 +344,33 @@ class LokyBackend(Backend):
                 _initializer.log_failure(error)
         self._feed()
 
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Cancel these chunks; kill loky's workers if some of them already run.
+
+        See :meth:`Backend.abort`. loky cannot kill one worker, so its pool
+        is killed (and a fresh one starts at the next chunk) only when every
+        chunk still pending on it is one of ``futures``: another map's
+        running chunks are never killed for this one (then the running
+        chunks of this map run to their end, as they would without).
+        """
+        started = [future for future in futures if not future.cancel() and not future.done()]
+        if not started:
+            return
+        # A bounded wait: a generator's finalizer may call this in a thread that
+        # holds the lock (then the chunks are only cancelled).
+        if not self._lock.acquire(timeout=0.5):
+            return
+        try:
+            pool = self._pool
+            others = self._in_loky.union(self._queue).difference(futures)
+            if pool is None or any(not future.done() for future in others):
+                return
+            self._pool = None
+        finally:
+            self._lock.release()
+        # Killed before the futures fail: loky fails them itself (nobody reads them).
+        pool.shutdown(wait=True, kill_workers=True)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closed = True

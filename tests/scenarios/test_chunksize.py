@@ -115,7 +115,7 @@ def test_waiting_items_run_one_per_chunk_on_threads(monkeypatch):
 
 
 def test_no_op_map_falls_back_to_inline(chunk_sizes):
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         assert list(ex.map(noop, range(20_000))) == list(range(20_000))
         last = ex.decisions()[-1]
     assert chunk_sizes == []  # nothing was sent to a worker
@@ -124,7 +124,7 @@ def test_no_op_map_falls_back_to_inline(chunk_sizes):
 
 
 def test_ten_millisecond_items_go_parallel(chunk_sizes):
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         items = list(range(40))
         assert list(ex.map(busy, items, itertools.repeat(0.01))) == items
         last = ex.decisions()[-1]
@@ -211,7 +211,7 @@ def test_early_exit_cancels_pending_chunks(chunk_sizes):
 
 
 def test_inline_run_moves_to_workers_when_items_turn_slow():
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         items = list(range(2400))
         assert list(ex.map(fast_then_slow, items)) == items
         moved = [d for d in ex.decisions() if "items inline" in d.reasons[0]]
@@ -226,7 +226,7 @@ def fail_at_15000(x):
 
 
 def test_inline_tail_raises_at_the_failing_item():
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         got = []
         with pytest.raises(ValueError):
             for value in ex.map(fail_at_15000, range(20_000)):

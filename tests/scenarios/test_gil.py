@@ -113,7 +113,7 @@ def _inputs(name, tmp_path):
 )
 def test_first_map_measures_the_gil_and_routes(name, backend, kinds, tmp_path):
     fn, items = _inputs(name, tmp_path)
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         before = ex.explain(fn)
         assert before.backend == "fork" and before.measure  # unmeasured: processes
         results = list(ex.map(fn, items))
@@ -130,9 +130,9 @@ def test_first_map_measures_the_gil_and_routes(name, backend, kinds, tmp_path):
 
 def test_measurement_is_kept_for_new_executors_and_submit(tmp_path):
     fn, items = _inputs("sleep_10ms", tmp_path)
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         list(ex.map(fn, items))
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2) as ex:  # a default executor uses the measurement too
         decision = ex.explain(fn)
         assert decision.backend == "thread" and not decision.measure
         future = ex.submit(fn, 5)
@@ -143,7 +143,7 @@ def test_measurement_is_kept_for_new_executors_and_submit(tmp_path):
 def test_a_measured_callable_is_measured_again_after_some_maps(monkeypatch, tmp_path):
     monkeypatch.setattr(gil, "GIL_RECHECK_MAPS", 2)
     fn, items = _inputs("sleep_10ms", tmp_path)
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         list(ex.map(fn, items))
         first = gil.recall(fn)
         list(ex.map(fn, items))  # 1 map since: not yet
@@ -167,7 +167,7 @@ def test_a_closure_that_waits_moves_from_loky_to_threads():
         time.sleep(0.01)
         return i
 
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         assert ex.explain(wait).backend == "loky"
         assert list(ex.map(wait, range(20))) == list(range(20))
         assert ex.explain(wait).backend == "thread"
@@ -179,7 +179,7 @@ def test_an_error_while_watching_is_raised_in_place_and_nothing_is_learned():
     def fails_on_none(x):
         return x + 1
 
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         out = ex.map(fails_on_none, bad)
         assert next(out) == 1.0
         with pytest.raises(TypeError):
@@ -189,6 +189,6 @@ def test_an_error_while_watching_is_raised_in_place_and_nothing_is_learned():
 
 def test_the_sampling_thread_is_gone_after_a_map(tmp_path):
     fn, items = _inputs("sleep_10ms", tmp_path)
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         list(ex.map(fn, items))
         assert not [t for t in threading.enumerate() if t.name == "smartexec-gil"]

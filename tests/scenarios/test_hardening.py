@@ -123,7 +123,7 @@ def test_an_input_longer_than_its_len_is_not_sent_one_item_per_chunk(backend):
 def test_an_input_error_inline_comes_after_every_item_read_before_it(n_good):
     # A measured tiny callable runs inline in C-level batches read ahead as lists.
     got = []
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, allow_inline=True) as ex:
         assert list(ex.map(w.square, range(20_000))) == [i * i for i in range(20_000)]
         with pytest.raises(OSError, match="the input broke"):
             for value in ex.map(w.square, failing_input(n_good)):

@@ -1,0 +1,297 @@
+"""Issue 13: a default map keeps process-routed items out of the caller; one
+crash fails one item; an interrupted map stops its running chunks; map
+returns a generator on every route.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import types
+from concurrent.futures import as_completed
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+from smartexec import SmartExecutor, WorkerCrashedError, gil
+
+from .. import _children
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def fresh_measurements():
+    gil.forget()
+    yield
+    gil.forget()
+
+
+def pid_of(_):
+    return os.getpid()
+
+
+def square(x):
+    return x * x
+
+
+def exit_at(i, culprit=17):
+    """Item ``culprit`` ends its process with ``os._exit(1)``; the others return."""
+    if i == culprit:
+        os._exit(1)
+    return i
+
+
+def sleep_then_mark(i, folder, seconds=1.5):
+    """Items 0 and 1 return at once, "bad" raises; the others sleep, then leave a marker."""
+    if i == "bad":
+        raise TypeError("a bad item")
+    if i >= 2:
+        with open(os.path.join(folder, f"started-{i}"), "w"):
+            pass
+        time.sleep(seconds)
+        with open(os.path.join(folder, f"done-{i}"), "w"):
+            pass
+    return i
+
+
+def mark_and_sleep(i, folder, seconds=0.01):
+    """Leave a marker as the item starts (counts the items that ran)."""
+    with open(os.path.join(folder, f"ran-{i}"), "w"):
+        pass
+    time.sleep(seconds)
+    return i
+
+
+# -- item 1: nothing of a process-routed map runs in the calling process ----------
+
+
+@pytest.mark.parametrize("n", [1, 10, 20_000])
+def test_a_default_map_runs_no_process_routed_item_in_the_caller(n):
+    with SmartExecutor(2) as ex:
+        assert ex.explain(pid_of).backend == "fork"
+        pids = set(ex.map(pid_of, range(n)))
+        last = ex.decisions()[-1]
+        stats = ex.stats()
+    assert os.getpid() not in pids
+    assert "inline" not in stats.backends
+    assert last.backend == "fork" and "no items ran in this thread" in str(last)
+    assert "allow_inline=True measures it" in str(last)  # why the GIL was not measured
+
+
+def test_the_first_chunks_are_small_then_tuned_from_the_workers(monkeypatch):
+    from smartexec.backends.fork import ForkBackend
+
+    sizes = []
+    real = ForkBackend.submit_chunk
+
+    def spy(self, fn, chunk, budget_s=None, **kwargs):
+        sizes.append(len(chunk))
+        return real(self, fn, chunk, budget_s, **kwargs)
+
+    monkeypatch.setattr(ForkBackend, "submit_chunk", spy)
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(square, range(20_000))) == [x * x for x in range(20_000)]
+    assert sizes[:4] == [1, 2, 4, 8], sizes
+    assert sum(sizes) == 20_000
+    assert max(sizes) > 100, sizes  # measured tiny in the workers: bigger chunks
+
+
+def test_with_allow_inline_tiny_work_still_runs_in_the_caller():
+    with SmartExecutor(2, allow_inline=True) as ex:
+        assert set(ex.map(pid_of, range(20_000))) == {os.getpid()}
+        assert ex.decisions()[-1].backend == "inline"
+
+
+def test_allow_inline_must_be_a_bool():
+    with pytest.raises(TypeError, match="allow_inline must be True or False"):
+        SmartExecutor(allow_inline="yes")
+
+
+def segfault_at(x, culprit=3):
+    if x == culprit:
+        import ctypes
+
+        ctypes.string_at(0)  # a segfault
+    return x
+
+
+@pytest.mark.parametrize("where", ["importable (fork)", "__main__ (loky)"])
+def test_a_crash_in_a_default_map_fails_its_item_and_the_caller_goes_on(where):
+    define = (
+        "from tests.scenarios.test_map_isolation import segfault_at"
+        if where.startswith("importable")
+        else "def segfault_at(x):\n    if x == 3:\n        ctypes.string_at(0)\n    return x"
+    )
+    result = _children.run_python(
+        f"""
+import ctypes
+from concurrent.futures.process import BrokenProcessPool
+from smartexec import SmartExecutor
+{define}
+
+if __name__ == "__main__":
+    with SmartExecutor(2) as ex:
+        backend = ex.explain(segfault_at).backend
+        got = []
+        try:
+            for value in ex.map(segfault_at, range(10)):
+                got.append(value)
+        except BrokenProcessPool as exc:
+            print(backend, "broken at", len(got), type(exc).__name__, flush=True)
+        print("after", list(ex.map(abs, [-1, -2])), flush=True)
+"""
+    )
+    assert result.returncode == 0, result.stderr  # the caller was not killed
+    if where.startswith("importable"):
+        assert "fork broken at 3 WorkerCrashedError" in result.stdout, result.stdout
+    else:
+        assert "loky broken at" in result.stdout, result.stdout
+    assert "after [1, 2]" in result.stdout  # and its executor goes on
+
+
+# -- item 2: one crash fails one item ------------------------------------------
+
+
+@pytest.mark.parametrize("chunksize", [None, 10])
+def test_one_crash_fails_one_item_at_its_position(chunksize):
+    with SmartExecutor(2) as ex:  # max_retries=0
+        got = []
+        results = ex.map(exit_at, range(50), chunksize=chunksize)
+        with pytest.raises(WorkerCrashedError) as caught:
+            for value in results:
+                got.append(value)
+        assert got == list(range(17))  # every item before the culprit, none lost
+        assert isinstance(caught.value, BrokenProcessPool)
+        # As with the stdlib's map: the generator is finished after the raise.
+        assert list(results) == []
+        # submit/as_completed gives every item's own outcome: 49 results, 1 crash
+        futures = {ex.submit(exit_at, i): i for i in range(50)}
+        done, crashed = {}, []
+        for future in as_completed(futures, timeout=60):
+            try:
+                done[futures[future]] = future.result()
+            except WorkerCrashedError:
+                crashed.append(futures[future])
+        assert crashed == [17]
+        assert done == {i: i for i in range(50) if i != 17}
+        assert list(ex.map(square, range(5))) == [0, 1, 4, 9, 16]  # still usable
+
+
+# -- item 3: an interrupted map stops its running chunks ----------------------------
+
+
+def _wait_started(folder, *items):
+    deadline = time.monotonic() + 30
+    for i in items:
+        while not os.path.exists(os.path.join(folder, f"started-{i}")):
+            assert time.monotonic() < deadline, f"item {i} never started"
+            time.sleep(0.01)
+
+
+def _markers(folder):
+    return sorted(name for name in os.listdir(folder) if name.startswith("done-"))
+
+
+@pytest.mark.parametrize("backend", [None, "fork", "loky"])
+@pytest.mark.parametrize("how", ["raise in the loop", "throw", "close"])
+def test_an_interrupted_map_stops_its_running_chunks(backend, how, tmp_path):
+    folder = str(tmp_path)
+    ex = SmartExecutor(2, backend=backend)
+    try:
+        results = ex.map(sleep_then_mark, range(8), itertools.repeat(folder), chunksize=1)
+        if how == "raise in the loop":
+            with pytest.raises(KeyboardInterrupt):
+                for _ in results:
+                    _wait_started(folder, 2, 3)  # running now, on the 2 workers
+                    raise KeyboardInterrupt
+            del results  # (a loop over ex.map(...) itself drops it as the exception leaves)
+        else:
+            assert next(results) == 0
+            _wait_started(folder, 2, 3)  # running now, on the 2 workers
+            if how == "throw":  # as a Ctrl-C while the generator waits
+                with pytest.raises(KeyboardInterrupt):
+                    results.throw(KeyboardInterrupt)
+            else:
+                results.close()
+        # The next map does not wait for the interrupted one's leftovers...
+        assert list(ex.map(square, range(4), chunksize=1)) == [0, 1, 4, 9]
+        # ...and those never finish: long after they would have, no marker.
+        time.sleep(2.5)
+        assert _markers(folder) == []
+    finally:
+        ex.shutdown(wait=True)
+
+
+def test_an_item_error_lets_running_chunks_finish_as_the_stdlib_does(tmp_path):
+    folder = str(tmp_path)
+
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(sleep_then_mark, [0, "bad", 2], itertools.repeat(folder), chunksize=1)
+        _wait_started(folder, 2)  # "bad" has failed, item 2 runs
+        assert next(results) == 0
+        with pytest.raises(TypeError):
+            next(results)  # item "bad" failed in its worker; item 2 runs on
+    assert _markers(folder) == ["done-2"]
+
+
+# -- item 4 (the map half of issue 13's item 6): a generator on every route --------
+
+
+class _Bar:
+    def __init__(self, **kwargs):
+        self.n = 0
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        pass
+
+
+ROUTES = {
+    "inline backend": ({"backend": "inline"}, {}),
+    "forced fork": ({"backend": "fork"}, {}),
+    "forced loky": ({"backend": "loky"}, {}),
+    "thread": ({"prefer": "threads"}, {}),
+    "default fork": ({}, {}),
+    "inline fallback": ({"allow_inline": True}, {}),
+    "progress": ({}, {"progress": _Bar}),
+    "fixed chunksize": ({}, {"chunksize": 3}),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_map_returns_a_generator_on_every_route(route):
+    options, map_options = ROUTES[route]
+    with SmartExecutor(2, **options) as ex:
+        for n in (0, 5, 3000):
+            results = ex.map(square, range(n), **map_options)
+            assert isinstance(results, types.GeneratorType), (route, type(results))
+            assert list(results) == [x * x for x in range(n)]
+        results = ex.map(square, range(10), **map_options)
+        assert results.send(None) == 0
+        assert next(results) == 1
+        assert results.send("ignored") == 4  # as the stdlib's: send(x) acts as next()
+        results.close()
+        results.close()  # idempotent
+        with pytest.raises(StopIteration):
+            next(results)
+        results = ex.map(square, range(10), **map_options)
+        assert next(results) == 0
+        with pytest.raises(ValueError, match="thrown"):
+            results.throw(ValueError("thrown"))
+        assert list(results) == []
+
+
+@pytest.mark.parametrize("options", [{"backend": "fork"}, {"prefer": "threads"}, {}])
+def test_closing_the_generator_cancels_pending_work(options, tmp_path):
+    folder = str(tmp_path)
+    with SmartExecutor(2, **options) as ex:
+        results = ex.map(mark_and_sleep, range(200), itertools.repeat(folder), chunksize=1)
+        assert next(results) == 0
+        results.close()
+        ex.shutdown(wait=True)
+    ran = len(os.listdir(folder))
+    assert ran < 50, ran  # only the window was sent; the rest was cancelled
