@@ -215,15 +215,7 @@ EXCLUDED: dict[str, str] = {
 }
 
 #: Tests left out on one route only: (class, route) -> reason.
-EXCLUDED_ON_ROUTE: dict[tuple[str, str | None], str] = {
-    # TODO(merge): the map helper's "a default map never runs a process-routed
-    # callable's items in the caller" (issue 13, item 4) makes this pass; until
-    # then the default map runs the first items here and the segfault kills pytest.
-    (
-        "ExecutorDeadlockTest.test_crash_big_data",
-        None,
-    ): "the default map measures the first items in this process (a segfault there kills the test run)",
-}
+EXCLUDED_ON_ROUTE: dict[tuple[str, str | None], str] = {}
 
 #: Generic-mixin tests replaced by an adaptation, and why. The stdlib versions
 #: run a child interpreter that imports ``concurrent.futures.<executor_type.__name__>``;
