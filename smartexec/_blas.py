@@ -155,9 +155,18 @@ class ThreadCap:
 
 
 def _set_threads(pool: Any, threads: int) -> None:
+    """Set ``pool``'s threads from whichever thread calls, under :class:`ThreadCap`'s lock.
+
+    threadpoolctl (3.5+) lets only the first Python thread that set an
+    OpenBLAS limit set it again, and silently ignores the others: a cap set
+    from one pool thread could then never be lifted from another (BLAS stayed
+    at one thread after a map). The raw setter it wraps has no such rule;
+    the lock here is what keeps threads from fighting.
+    """
+    setter = getattr(pool, "_real_set_num_threads", None) or pool.set_num_threads
     try:
         if pool.num_threads != threads:
-            pool.set_num_threads(threads)
+            setter(threads)
     except Exception:  # pragma: no cover - a library that refuses: leave it
         pass
 

@@ -8,6 +8,7 @@ workers share one process's pools, which smartexec caps while chunks overlap.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -63,3 +64,15 @@ def test_one_chunk_at_a_time_keeps_every_blas_thread():
     original = blas_threads()
     with SmartExecutor(1, backend="thread") as ex:
         assert ex.submit(blas_threads).result(timeout=30) == original
+
+
+def test_the_cap_is_lifted_whichever_thread_set_it():
+    """threadpoolctl ignores OpenBLAS limits set from a second Python thread.
+
+    Eight sleeps on four threads: the cap was set from one pool thread and
+    the restore, from another, was ignored: BLAS stayed at one thread.
+    """
+    original = blas_threads()
+    with SmartExecutor(4, backend="thread") as ex:
+        list(ex.map(time.sleep, [0.1] * 8, chunksize=1))
+    assert blas_threads() == original
