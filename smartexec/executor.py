@@ -17,6 +17,7 @@ import itertools
 import multiprocessing
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
@@ -65,7 +66,15 @@ from .gil import (
     watch,
 )
 from .inspection import callable_name, inspect_callable, payload_size
-from .policy import BIG_STATE_BYTES, PREFER_VALUES, Decision, Options, decide, stoppable
+from .policy import (
+    BIG_STATE_BYTES,
+    INITIALIZER_BY_VALUE,
+    PREFER_VALUES,
+    Decision,
+    Options,
+    decide,
+    stoppable,
+)
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
@@ -524,7 +533,10 @@ class SmartExecutor(Executor):
             prefer=prefer,
             big_state_bytes=big_state_bytes,
             stoppable=task_timeout is not None,
-            start_method=start_method,
+            # The stdlib needs a non-fork mp_context for max_tasks_per_child; ours
+            # retires fork workers (forked from a single-threaded zygote, not from
+            # this process), so with it the fork route stays open (docs/reliability.md).
+            start_method=None if self._max_tasks_per_child is not None else start_method,
             retires_workers=self._max_tasks_per_child is not None,
             initializer=initializer is not None,
             allow_inline=allow_inline,
@@ -568,16 +580,11 @@ class SmartExecutor(Executor):
             )
         if self._max_tasks_per_child is None:
             return
-        if backend is None and (no_fork or not current_platform().has_fork):
-            why = (
-                f"mp_context uses start method {start_method!r}"
-                if no_fork
-                else "start method 'fork' is not available here"
-            )
+        if backend is None and not current_platform().has_fork:
             raise ValueError(
-                f"max_tasks_per_child needs fork workers (loky cannot retire one worker "
-                f"after a number of tasks), but {why}; drop max_tasks_per_child or use "
-                f"the fork start method"
+                "max_tasks_per_child needs fork workers (loky cannot retire one worker "
+                "after a number of tasks), but start method 'fork' is not available "
+                "here; drop max_tasks_per_child"
             )
 
     def _worker_options(self, name: str) -> dict[str, Any]:
@@ -662,6 +669,10 @@ class SmartExecutor(Executor):
             self._log.append(decision)
             return decision, estimate
         decision = decide(inspect_callable(fn), self._platform, self._options, recall(fn), threads)
+        if INITIALIZER_BY_VALUE in decision.reasons:
+            warnings.warn(
+                f"{callable_name(fn)}: {INITIALIZER_BY_VALUE}", RuntimeWarning, stacklevel=3
+            )
         estimate = Estimate()
         decisions = self._decisions  # the weakref callback must not hold self
         with_threads = self._decided_with_threads

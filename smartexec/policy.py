@@ -157,6 +157,16 @@ def _describe(profile: CallableProfile) -> str:
     return f"{profile.name} is {kinds.get(profile.kind, profile.kind)}"
 
 
+#: The reason (and the ``RuntimeWarning`` the executor gives) when an
+#: initializer is set and a callable's code must travel by value to loky.
+INITIALIZER_BY_VALUE = (
+    "an initializer is set, but this callable's code travels by value to loky workers "
+    "(no fork route here): a pickled copy reads its own copy of its module's globals, "
+    "not what the initializer set in the worker; define the callable and the "
+    "initializer in an importable module (they are then pickled by reference)"
+)
+
+
 def decide(
     profile: CallableProfile,
     platform: Platform,
@@ -259,6 +269,29 @@ def decide(
             ),
         )
     if (
+        options.initializer
+        and options.backend is None
+        and options.prefer != "threads"
+        and decision.backend == "thread"
+    ):
+        fork_ok = (
+            platform.has_fork and options.start_method in (None, "fork") and other_threads == 0
+        )
+        target = "fork" if fork_ok else "loky"
+        decision = replace(
+            decision,
+            backend=target,
+            share=False,
+            measure=False,
+            reasons=(
+                *decision.reasons,
+                f"an initializer is set: as with ProcessPoolExecutor, it prepares worker "
+                f"processes, so this call runs on {target} workers, not on threads of this "
+                f'process (where the initializer would run too); prefer="threads" keeps it '
+                f"on threads",
+            ),
+        )
+    if (
         options.retires_workers
         and options.backend is None
         and decision.backend == "loky"
@@ -294,6 +327,13 @@ def decide(
                 "(by copy-on-write), so it reads the worker's globals",
             ),
         )
+    if (
+        options.initializer
+        and decision.backend == "loky"
+        and not decision.share
+        and not profile.by_reference
+    ):
+        decision = replace(decision, reasons=(*decision.reasons, INITIALIZER_BY_VALUE))
     if options.stoppable:
         return stoppable(decision, platform, options, other_threads)
     return decision

@@ -51,7 +51,7 @@ from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult
 from .._sender import Sender, quick_to_pickle
 from .._system import WORKER_ENV
-from ..errors import InitializerError
+from ..errors import InitializerError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend
 
@@ -88,7 +88,7 @@ class _ReplyFuture(ChainedFuture):
             return
         error = inner.exception()
         if error is not None:
-            self.set_exception(error)
+            self.set_exception(_crash_error(error, self._name))
             return
         try:
             status, value = transport.loads_reply(inner.result())
@@ -99,6 +99,27 @@ class _ReplyFuture(ChainedFuture):
             self.set_result(value)
         else:  # the worker could not unpickle the request
             self.set_exception(task_unpickling_error(self._name, value, "loky"))
+
+
+def _crash_error(error: BaseException, name: str) -> BaseException:
+    """A dead loky worker as :class:`~smartexec.errors.WorkerCrashedError`; other errors as they are.
+
+    loky fails every chunk it held with its ``TerminatedWorkerError`` when one
+    worker dies. As a ``WorkerCrashedError`` (a ``BrokenProcessPool`` too) the
+    map re-sends such a chunk one item per chunk, as it does on fork, so the
+    item that kills its worker fails alone and the others get their results.
+    """
+    from loky.process_executor import TerminatedWorkerError
+
+    if not isinstance(error, TerminatedWorkerError):
+        return error
+    crash = WorkerCrashedError(
+        f"a loky worker process died while running {name} (loky: {error}). The "
+        f"backend starts a fresh pool; a map sends that chunk's items again, one "
+        f"per chunk, so only the item that kills its worker fails."
+    )
+    crash.__cause__ = error
+    return crash
 
 
 class LokyBackend(Backend):

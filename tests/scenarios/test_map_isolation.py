@@ -154,9 +154,13 @@ if __name__ == "__main__":
 # -- item 2: one crash fails one item ------------------------------------------
 
 
-@pytest.mark.parametrize("chunksize", [None, 10])
-def test_one_crash_fails_one_item_at_its_position(chunksize):
-    with SmartExecutor(2) as ex:  # max_retries=0
+@pytest.mark.parametrize("backend, chunksize", [(None, None), (None, 10), ("loky", 10)])
+def test_one_crash_fails_one_item_at_its_position(backend, chunksize):
+    # On loky, one dead worker fails every chunk loky held (TerminatedWorkerError):
+    # each is re-sent one item per chunk as on fork (a new-user trial lost 14-17
+    # of the 17 results before the culprit). An innocent single item running
+    # beside the culprit's may still share its fate there: not checked below.
+    with SmartExecutor(2, backend=backend) as ex:  # max_retries=0
         got = []
         results = ex.map(exit_at, range(50), chunksize=chunksize)
         with pytest.raises(WorkerCrashedError) as caught:
@@ -166,6 +170,9 @@ def test_one_crash_fails_one_item_at_its_position(chunksize):
         assert isinstance(caught.value, BrokenProcessPool)
         # As with the stdlib's map: the generator is finished after the raise.
         assert list(results) == []
+        if backend == "loky":
+            assert list(ex.map(square, range(5))) == [0, 1, 4, 9, 16]  # still usable
+            return
         # submit/as_completed gives every item's own outcome: 49 results, 1 crash
         futures = {ex.submit(exit_at, i): i for i in range(50)}
         done, crashed = {}, []
