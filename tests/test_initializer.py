@@ -305,8 +305,11 @@ def test_max_tasks_per_child_with_a_spawn_context_is_taken():
     # The stdlib requires a non-fork context for max_tasks_per_child, so code
     # moved from ProcessPoolExecutor passes one; ours retires fork workers.
     ex = SmartExecutor(
-        2, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=2,
-        initializer=init, initargs=("spawned",),
+        2,
+        mp_context=multiprocessing.get_context("spawn"),
+        max_tasks_per_child=2,
+        initializer=init,
+        initargs=("spawned",),
     )
     try:
         assert ex.explain(pid).backend == "fork"
