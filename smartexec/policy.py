@@ -167,6 +167,13 @@ INITIALIZER_BY_VALUE = (
 )
 
 
+def _no_fork(platform: Platform, options: Options) -> str:
+    """Why the fork route is closed: the user's ``mp_context``, or the platform."""
+    if options.start_method not in (None, "fork"):
+        return f"mp_context uses start method {options.start_method!r}, not fork"
+    return f"start method 'fork' is not available here ({', '.join(platform.start_methods)})"
+
+
 def decide(
     profile: CallableProfile,
     platform: Platform,
@@ -466,7 +473,7 @@ def _decide(
                 (
                     what,
                     size,
-                    f"start method 'fork' is not available here, so it is {_SENT_ONCE}",
+                    f"{_no_fork(platform, options)}, so it is {_SENT_ONCE}",
                     "workers reuse the copy they received only while it is proven "
                     "unchanged (compared with what was sent, at each map or submit); "
                     "prefer='threads' shares it with no copy at all",
@@ -559,8 +566,7 @@ def _decide(
         (
             what,
             gil_reason,
-            f"it pickles by reference; start method 'fork' is not available here "
-            f"({', '.join(platform.start_methods)})",
+            f"it pickles by reference; {_no_fork(platform, options)}",
         ),
         profile=profile,
         measure=measure,
