@@ -441,10 +441,13 @@ def test_small_items_are_timed_as_a_chunk_pickles_them():
 
     args = [(i,) for i in range(64)]
     results = [i * 3 for i in range(64)]
-    estimate = Estimate()
-    measure_pickling(estimate, args, results)
-    one_by_one = sum(estimate_send_s(pair) for pair in zip(args, results)) / 64
-    assert 0 < estimate.pickle_parent_s < one_by_one / 3, (estimate.pickle_parent_s, one_by_one)
+    chunked, one_by_one = [], []
+    for _ in range(5):  # the fastest of five each: a loaded machine stalls single runs
+        estimate = Estimate()
+        measure_pickling(estimate, args, results)
+        chunked.append(estimate.pickle_parent_s)
+        one_by_one.append(sum(estimate_send_s(pair) for pair in zip(args, results)) / 64)
+    assert 0 < min(chunked) < min(one_by_one) / 3, (chunked, one_by_one)
 
 
 # -- never stale (issue 13) ----------------------------------------------------------

@@ -159,14 +159,18 @@ def test_one_crash_fails_one_item_at_its_position(backend, chunksize):
     # On loky, one dead worker fails every chunk loky held (TerminatedWorkerError):
     # each is re-sent one item per chunk as on fork (a new-user trial lost 14-17
     # of the 17 results before the culprit). An innocent single item running
-    # beside the culprit's may still share its fate there: not checked below.
+    # beside the culprit's may still share its fate there (loky kills every
+    # chunk it holds): with 2 workers, the one item before it at most.
     with SmartExecutor(2, backend=backend) as ex:  # max_retries=0
         got = []
         results = ex.map(exit_at, range(50), chunksize=chunksize)
         with pytest.raises(WorkerCrashedError) as caught:
             for value in results:
                 got.append(value)
-        assert got == list(range(17))  # every item before the culprit, none lost
+        if backend == "loky":
+            assert got == list(range(len(got))) and len(got) >= 16, got
+        else:
+            assert got == list(range(17))  # every item before the culprit, none lost
         assert isinstance(caught.value, BrokenProcessPool)
         # As with the stdlib's map: the generator is finished after the raise.
         assert list(results) == []
