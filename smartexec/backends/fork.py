@@ -355,7 +355,7 @@ class _Task:
 
     ``payload`` is None until the chunk is pickled (the dispatcher waits for
     it), and again once it was sent (``sent``). ``pool`` is the pool whose
-    queue holds it (it moves to a newer pool with :meth:`_ForkPool.take_queued`).
+    queue holds it.
     """
 
     __slots__ = ("future", "payload", "keepalive", "name", "timeout_s", "items", "sent", "pool")
@@ -447,6 +447,10 @@ class _ForkPool:
         self._queue: collections.deque[_Task] = collections.deque()
         self._unsent: collections.deque[_Task] = collections.deque()
         self._closing = False
+        #: Retired: a newer pool serves new calls; this one runs what its calls
+        #: still send (their snapshot is this pool's), then stops.
+        self._retiring = False
+        self._pins = 0  # calls (a map, a submit and its retries) bound to this snapshot
         self._drain_at_exit = False  # shutdown(wait=False) was asked: run the queue out
         self._pause_requested = False
         self._paused = False
@@ -498,11 +502,15 @@ class _ForkPool:
 
     # -- called from any thread ------------------------------------------------
 
-    def submit(self, task: _Task) -> None:
-        """Queue ``task``; it starts once pickled and a worker is free."""
+    def submit(self, task: _Task, pinned: bool = False) -> None:
+        """Queue ``task``; it starts once pickled and a worker is free.
+
+        A retired pool takes only ``pinned`` tasks: chunks of calls whose
+        snapshot of a shared object is this pool's.
+        """
         with self._lock:
             self._box.raise_if_broken()
-            if self._closing:
+            if self._closing or (self._retiring and not pinned):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             with _OWNER_LOCK:
                 task.pool = self
@@ -521,26 +529,32 @@ class _ForkPool:
         self._aborting.extend(started)
         self._wake()
 
-    def take_queued(self) -> list[_Task]:
-        """Remove and return the tasks no worker has started (for a newer pool)."""
-        with self._lock:
-            tasks = list(self._queue)
-            self._queue.clear()
-        return tasks
-
-    def adopt(self, tasks: list[_Task]) -> None:
-        """Queue tasks taken from an older pool, ahead of anything newer."""
-        with self._lock:
-            with _OWNER_LOCK:
-                for task in tasks:
-                    task.pool = self
-            self._queue.extendleft(reversed(tasks))
-        self._wake()
-
     @property
     def usable(self) -> bool:
-        """False once the pool is closing or its dispatcher has stopped."""
+        """False once the pool is retired or closing, or its dispatcher has stopped."""
+        return not self._retiring and self.takes_pinned
+
+    @property
+    def takes_pinned(self) -> bool:
+        """Whether calls bound to this pool's snapshot can still send chunks here."""
         return not self._closing and (self._paused or self._thread.is_alive())
+
+    def pin(self) -> None:
+        """Bind one more call to this pool's snapshot (undone by :meth:`unpin`)."""
+        with self._lock:
+            self._pins += 1
+
+    def unpin(self) -> None:
+        """A call bound to this pool is over; a retired pool may stop once none is left."""
+        with self._lock:
+            self._pins -= 1
+        self._wake()
+
+    def retire(self) -> None:
+        """Serve no new call; stop once the calls bound here are over and idle."""
+        with self._lock:
+            self._retiring = True
+        self._wake()
 
     def pause(self) -> bool:
         """Stop the dispatcher thread for a while (the pool stays); True if it stopped.
@@ -747,7 +761,7 @@ class _ForkPool:
                     self._paused = True
                     return
                 if (
-                    self._closing
+                    (self._closing or (self._retiring and self._pins <= 0))
                     and not self._queue
                     and not self._unsent
                     and all(w.task is None for w in self._workers)
@@ -1031,7 +1045,7 @@ class _Prepared:
             the pool forked for it; None when unknown.
     """
 
-    __slots__ = ("ref", "fn", "since", "digest")
+    __slots__ = ("ref", "fn", "since", "digest", "pool", "_unbind", "__weakref__")
 
     def __init__(
         self,
@@ -1044,6 +1058,16 @@ class _Prepared:
         self.fn = fn
         self.since = since
         self.digest = digest
+        self.pool: _ForkPool | None = None  # the pool whose snapshot this call runs on
+        self._unbind: weakref.finalize[Any, Any] | None = None
+
+    def bind(self, pool: _ForkPool) -> None:
+        """Run this call's chunks on ``pool``, which stays up (retired or not) while it lives."""
+        pool.pin()
+        if self._unbind is not None:
+            self._unbind()  # the old pool can no longer run chunks (broken, closed)
+        self.pool = pool
+        self._unbind = weakref.finalize(self, pool.unpin)
 
 
 class _Entry:
@@ -1240,12 +1264,11 @@ class ForkBackend(Backend):
                 or (token is not None and token not in pool.covered)
                 or (since is not None and pool.born <= since)
             ):
-                queued = []
                 if pool is not None:
-                    # The new pool inherits every live object, so it can run what
-                    # the old one has not started: at most two pools stay busy.
-                    queued = pool.take_queued()
-                    pool.shutdown(wait=False)
+                    # Its queued chunks stay and run there: chunks of a call whose
+                    # snapshot is that pool's must not run on a newer one (a
+                    # submit queued before a change returned the changed state).
+                    pool.retire()
                     self._retired = [p for p in self._retired if not p.done] + [pool]
                 born = next(self._epochs)  # taken before the fork: no later call is older
                 pool = self._pool = _ForkPool(
@@ -1260,8 +1283,6 @@ class ForkBackend(Backend):
                 pool.born = born
                 if token is not None and digest is not None:
                     pool.digests[token] = digest
-                if queued:
-                    pool.adopt(queued)
             return pool
 
     def submit_chunk(
@@ -1301,7 +1322,14 @@ class ForkBackend(Backend):
         try:
             with self._lock:  # no other thread may retire the pool in between
                 # In this thread: a new pool forks its zygote here, never in the sender.
-                self._pool_covering(token, since, digest).submit(task)
+                if isinstance(fn, _Prepared):
+                    # Every chunk of one call (a map's, a retry) on one snapshot.
+                    if fn.pool is None or not fn.pool.takes_pinned:
+                        fn.bind(self._pool_covering(token, since, digest))
+                    assert fn.pool is not None
+                    fn.pool.submit(task, pinned=True)
+                else:
+                    self._pool_covering(token, since, digest).submit(task)
         except BaseException:
             if inline:
                 task.future.cancel()  # releases its lease

@@ -234,3 +234,38 @@ def test_a_method_of_a_slots_object_without_weakref_runs(backend, nbytes):
         obj.scale = 2.0
         assert ex.submit(obj.score, 3).result(timeout=60) == 6.0
         assert list(ex.map(obj.score, range(5))) == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+class SlowModel:
+    """Big state (shared with fork workers) and a bias read by every call."""
+
+    def __init__(self):
+        self.big = np.zeros(2 * MiB // 8)
+        self.bias = 0
+
+    def f(self, x):
+        if x < 0:
+            import time
+
+            time.sleep(1.0)  # keeps the only worker busy: later calls queue
+            return -1
+        return self.bias + x
+
+
+@pytest.mark.parametrize("trigger", ["submit of the changed object", "map of another object"])
+def test_a_queued_submit_runs_on_the_state_at_its_call(trigger):
+    # Found by an adversarial pass: a submit queued behind a busy worker was
+    # moved to the newer pool forked for a later call, and computed on the
+    # state changed after it was submitted (101 instead of 1).
+    m, other = SlowModel(), SlowModel()
+    with SmartExecutor(max_workers=1, backend="fork") as ex:
+        busy = ex.submit(m.f, -1)
+        queued = ex.submit(m.f, 1)  # bias == 0 at this call
+        m.bias = 100
+        if trigger == "submit of the changed object":
+            later = ex.submit(m.f, 1)
+            assert later.result(timeout=60) == 101
+        else:
+            assert list(ex.map(other.f, [1])) == [1]
+        assert busy.result(timeout=60) == -1
+        assert queued.result(timeout=60) == 1
