@@ -391,6 +391,8 @@ class LokyBackend(Backend):
             self._lock.release()
         # Killed before the futures fail: loky fails them itself (nobody reads them).
         pool.shutdown(wait=True, kill_workers=True)
+        # Named segments (the fallback) of replies the killed workers made.
+        transport.sweep_dead_workers()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
