@@ -79,13 +79,14 @@ def default_buffersize(n_workers: int) -> int:
 class _Slot:
     """Consecutive items sent as one chunk; part of it may be re-sent."""
 
-    __slots__ = ("calls", "outcomes", "future", "retries")
+    __slots__ = ("calls", "outcomes", "future", "retries", "spared")
 
     def __init__(self, calls: list[Call], future: Future[ChunkResult], retries: int = 0):
         self.calls = calls  # the items with no outcome yet
         self.outcomes: list[tuple[bool, Any]] = []
         self.future = future
         self.retries = retries  # re-sends left after a worker death
+        self.spared = False  # had its free re-run after another worker's death
 
 
 #: From an input of unknown length, a chunk is sent once filling it has taken
@@ -276,6 +277,13 @@ class ChunkStream:
             slot.calls = []
             for offset, single in enumerate(singles, start=1):
                 self._window.insert(offset, single)
+            return True
+        if isinstance(exc, WorkerCrashedError) and exc.shared_fate and not slot.spared:
+            # A backend whose one dead worker fails every chunk it holds (loky):
+            # this item may have died of another's crash. One free re-run; the
+            # culprit crashes again and fails.
+            slot.spared = True
+            slot.future = self._send(slot.calls, None)
             return True
         if crashed and slot.retries > 0:
             slot.retries -= 1

@@ -63,11 +63,15 @@ class WorkerCrashedError(BrokenProcessPool):
 
     Attributes:
         exitcode: the process exit code; negative ``-N`` means killed by signal N.
+        shared_fate: True when the backend fails every chunk it holds once one
+            of its workers dies (loky), so this chunk may have died of another
+            item's crash; a map then runs a lone item once more for free.
     """
 
-    def __init__(self, message: str, *, exitcode: int | None = None):
+    def __init__(self, message: str, *, exitcode: int | None = None, shared_fate: bool = False):
         super().__init__(message)
         self.exitcode = exitcode
+        self.shared_fate = shared_fate
 
 
 class WorkerProtocolError(BrokenProcessPool):

@@ -766,6 +766,7 @@ class _ForkPool:
                     and not self._unsent
                     and all(w.task is None for w in self._workers)
                 ):
+                    self._closing = True  # a retired pool stops as a shut-down one
                     return
             # Every live worker's pipe: a reply, or EOF when it dies.
             conns = [w.conn for w in self._workers if not w.lost]

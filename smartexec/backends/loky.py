@@ -116,7 +116,8 @@ def _crash_error(error: BaseException, name: str) -> BaseException:
     crash = WorkerCrashedError(
         f"a loky worker process died while running {name} (loky: {error}). The "
         f"backend starts a fresh pool; a map sends that chunk's items again, one "
-        f"per chunk, so only the item that kills its worker fails."
+        f"per chunk, so only the item that kills its worker fails.",
+        shared_fate=True,
     )
     crash.__cause__ = error
     return crash
