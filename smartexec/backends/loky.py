@@ -83,6 +83,10 @@ class _ReplyFuture(ChainedFuture):
 
     def _transfer(self, inner: Future[bytes]) -> None:
         self._inner = None
+        if self.done():  # failed by abort() already: nobody reads this reply
+            if not inner.cancelled() and inner.exception() is None:
+                transport.discard_reply(inner.result())
+            return
         if inner.cancelled():
             self.set_exception(CancelledError(f"loky cancelled the chunk of {self._name}()"))
             return
@@ -394,6 +398,19 @@ class LokyBackend(Backend):
         pool.shutdown(wait=True, kill_workers=True)
         # Named segments (the fallback) of replies the killed workers made.
         transport.sweep_dead_workers()
+        for future in started:
+            # loky may leave a killed chunk's future pending: fail it here, so
+            # its request's shared memory is let go now, not at shutdown.
+            try:
+                future.set_exception(
+                    WorkerCrashedError(
+                        "the worker process running this chunk was killed: its map was "
+                        "interrupted or closed",
+                        shared_fate=True,
+                    )
+                )
+            except InvalidStateError:
+                pass  # loky failed it first
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
