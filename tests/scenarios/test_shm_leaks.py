@@ -261,6 +261,7 @@ def test_nothing_is_left_when_every_process_of_ours_is_killed(backend, kill):
     if not _shm.anonymous():
         pytest.skip("no memfd_create or /proc: named segments need a survivor to sweep")
     proc = start_python(KILLED.format(backend=backend, kill=KILLS[kill]))
+    pid = proc.pid
     try:
         pid = int(proc.stdout.readline().split()[0])
         # not communicate(): an orphaned worker would hold the pipes open
@@ -275,6 +276,21 @@ def test_nothing_is_left_when_every_process_of_ours_is_killed(backend, kill):
         _kill_session(proc.pid)
         proc.stdout.close()
         proc.stderr.close()
+        _remove_loky_semaphores(pid)
+
+
+def _remove_loky_semaphores(pid: int) -> None:
+    """Unlink the semaphores loky made for ``pid``, a process this test killed.
+
+    Every process that could use them is gone (the test waited for that);
+    left in place, each run of the suite would leave 8 in /dev/shm.
+    """
+    for name in dev_shm_of(pid):
+        if name.startswith("sem.loky-"):
+            try:
+                os.unlink(os.path.join(_shm.SHM_DIR, name))
+            except OSError:
+                pass
 
 
 def _kill_session(sid: int) -> None:
