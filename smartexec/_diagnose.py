@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from ._remote import Call
@@ -17,6 +18,7 @@ from .inspection import callable_name, locate_unpicklable
 
 __all__ = [
     "pickling_error",
+    "fail_on_pickling",
     "is_pickling_failure",
     "task_unpickling_error",
     "reply_unpickling_error",
@@ -191,3 +193,41 @@ def pickling_error(
 def _a(obj: Any) -> str:
     name = f"{type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
     return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
+def fail_on_pickling(
+    future: Future[Any],
+    exc: BaseException,
+    fn: Any,
+    calls: Sequence[Any],
+    backend: str,
+    *,
+    from_sender: bool,
+) -> None:
+    """Fail a chunk's ``future`` with the error its request's pickling raised.
+
+    An ``Exception`` becomes :func:`pickling_error`'s clear error (naming the
+    part of ``fn`` or ``calls`` that failed), chained from ``exc``; anything
+    else (``SystemExit``, ``KeyboardInterrupt`` from a ``__reduce__``) is set
+    as it is, as the stdlib's ``result()`` would raise it. Raised on the
+    backend's sender thread (``from_sender``), its frames are kept as text
+    (:func:`detach_traceback`). A future already cancelled is left so.
+
+    Args:
+        future: the chunk's future, not yet finished.
+        exc: what pickling raised.
+        fn: the user's callable, for the message.
+        calls: the chunk's ``(args, kwargs)`` pairs, for the message.
+        backend: the backend's name, for the message.
+        from_sender: True when pickling ran on the sender thread.
+    """
+    error: BaseException = exc
+    if from_sender:
+        detach_traceback(exc)
+    if isinstance(exc, Exception):
+        error = pickling_error(fn, calls, exc, backend)
+        error.__cause__ = exc
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass  # cancelled meanwhile

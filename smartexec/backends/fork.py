@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
@@ -59,8 +59,7 @@ from typing import Any
 from .. import _fingerprint, _initializer, trampoline, transport
 from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
 from .._diagnose import (
-    detach_traceback,
-    pickling_error,
+    fail_on_pickling,
     reply_unpickling_error,
     task_unpickling_error,
 )
@@ -1356,16 +1355,7 @@ class ForkBackend(Backend):
         try:
             payload, lease = transport.dumps_request(target, calls, budget_s, cache=self._cache)
         except BaseException as exc:
-            error: BaseException = exc
-            if not inline:  # set on the future from the sender thread: see detach_traceback
-                detach_traceback(exc)
-            if isinstance(exc, Exception):
-                error = pickling_error(blame, calls, exc, self.name)
-                error.__cause__ = exc
-            try:
-                future.set_exception(error)
-            except InvalidStateError:
-                pass  # cancelled meanwhile
+            fail_on_pickling(future, exc, blame, calls, self.name, from_sender=not inline)
             task.wake_pool()
             if inline and not isinstance(exc, Exception):
                 raise  # Ctrl-C while pickling in the caller's thread: the caller's to handle

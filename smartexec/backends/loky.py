@@ -43,7 +43,7 @@ from .. import _initializer, transport
 from .._blas import thread_env, threads_per_worker
 from .._diagnose import (
     detach_traceback,
-    pickling_error,
+    fail_on_pickling,
     reply_unpickling_error,
     task_unpickling_error,
 )
@@ -276,16 +276,7 @@ class LokyBackend(Backend):
             try:
                 payload, lease = transport.dumps_request(fn, calls, budget_s, cache=self._cache)
             except BaseException as exc:
-                error: BaseException = exc
-                if not inline:  # set on the future from the sender thread: see detach_traceback
-                    detach_traceback(exc)
-                if isinstance(exc, Exception):
-                    error = pickling_error(user_fn, calls, exc, self.name)
-                    error.__cause__ = exc
-                try:
-                    future.set_exception(error)
-                except InvalidStateError:
-                    pass  # cancelled meanwhile
+                fail_on_pickling(future, exc, user_fn, calls, self.name, from_sender=not inline)
                 if not inline:
                     self._feed()
                 if inline and not isinstance(exc, Exception):
