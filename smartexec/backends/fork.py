@@ -720,7 +720,8 @@ class _ForkPool:
             _initializer.log_failure(error)
         self._break(self._box.error or error)
 
-    def _break(self, error: InitializerError) -> None:
+    def _take_all_tasks(self) -> list[_Task]:
+        """Close the pool and take every task it holds: queued, unsent and running."""
         with self._lock:
             self._closing = True
             tasks = [*self._unsent, *self._queue]
@@ -729,20 +730,15 @@ class _ForkPool:
         tasks += [w.task for w in self._workers if w.task is not None]
         for worker in self._workers:
             worker.task, worker.deadline = None, None
-        for task in tasks:
+        return tasks
+
+    def _break(self, error: InitializerError) -> None:
+        for task in self._take_all_tasks():
             if task.future.running() or task.future.set_running_or_notify_cancel():
                 task.future.set_exception(error)
 
     def _fail_all(self, cause: BaseException) -> None:
-        with self._lock:
-            self._closing = True
-            tasks = [*self._unsent, *self._queue]
-            self._unsent.clear()
-            self._queue.clear()
-        tasks += [w.task for w in self._workers if w.task is not None]
-        for worker in self._workers:
-            worker.task = None
-        for task in tasks:
+        for task in self._take_all_tasks():
             if task.future.done():  # its pickling failed, or it was cancelled
                 continue
             error = BrokenProcessPool(
