@@ -1,0 +1,506 @@
+"""Decide a map's route from its first chunks, measured where they ran.
+
+A map starts at once on the backend the policy chose from what the callable
+is (:func:`smartexec.policy.decide`): no item waits in the calling thread
+while smartexec makes up its mind. Its first chunks are real work, run on
+every worker, and each reply says how long its calls took, how much CPU
+their thread used and, for a callable's first ~30 ms of work in each
+process, whether they held the GIL (:func:`smartexec._remote.run_chunk`).
+:class:`Evidence` gathers those replies; once it is enough
+(:meth:`Evidence.ready`), :func:`reroute` predicts the rest of the map on
+each route it may take and names a better one, or none.
+
+Decisions must not flip between identical runs, nor on one noisy sample:
+
+* the per-item time is the median over chunks (one stalled chunk, 100x
+  slower than the rest, moves it by at most one rank);
+* a GIL kind counts only when every watch long enough to see the GIL
+  (:data:`MIN_WATCH_S`) agrees on it;
+* a map changes route at most once, only to a route predicted at least
+  :data:`SWITCH_GAIN` times faster, and by at least :data:`SWITCH_MIN_S`
+  seconds: a near-tie stays where it is, on every run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .gil import GilKind, GilProfile, classify
+from .inspection import format_seconds
+
+__all__ = [
+    "THREADS_MIN_WALL_S",
+    "Evidence",
+    "Reroute",
+    "reroute",
+    "predict_s",
+    "MIN_WATCH_S",
+    "SWITCH_GAIN",
+    "SWITCH_MIN_S",
+]
+
+#: A GIL watch shorter than this (seconds) is too short to tell holding the
+#: GIL from releasing it (the sampler wakes every 0.5 ms, and its start
+#: takes a few hand-overs): its CPU share still counts.
+MIN_WATCH_S = 0.002
+
+#: A route must be predicted this many times faster than the running one.
+SWITCH_GAIN = 1.3
+
+#: ... and this many seconds faster over the rest of the map.
+SWITCH_MIN_S = 0.005
+
+#: Threads running GIL-holding items take longer than a loop by this factor
+#: (hand-overs, cache misses): 200,000 3.5 us items took 1.15 s on 6
+#: threads against 0.70 s in a loop (2-core machine, under load); 5,000
+#: items of 0-0.4 ms with a 20 MiB argument 1.22 s against 0.79 s.
+THREAD_GIL_PENALTY = 1.5
+
+#: Items on threads of this process: under this many cores of process CPU
+#: they wait; from THREADS_RELEASE_CORES on they compute without the GIL.
+THREADS_WAIT_CORES = 0.3
+THREADS_RELEASE_CORES = 1.3
+#: A watch on a thread whose GIL share is at least this saw other threads
+#: hold the GIL: its thread's low CPU share is waiting for its turn.
+GIL_HELD_BY_OTHERS = 0.25
+#: ... counted once the items have run this many seconds (before, the
+#: threads' start and the first calls' imports dominate the figure).
+THREADS_MIN_WALL_S = 0.02
+
+#: Seconds per item the parent spends on a process route besides pickling:
+#: reading the input, building and tracking chunks, handing out results.
+#: 200,000 calls of ``x * x`` on fork: 1.3 s, 0.66 s of it in the workers,
+#: 0.2 s of pickling (2-core machine under load, 2026-12-01).
+PROCESS_ITEM_S = 2e-6
+
+#: Items measured at under CHEAP_ITEM_S seconds each that settle a map
+#: without a GIL kind (see :meth:`Evidence.ready`).
+CHEAP_ITEMS = 64
+#: Chunks from which the per-item figure is a trimmed mean (see Evidence.per_item_s) ...
+TRIM_MIN_CHUNKS = 10
+#: ... cutting this share of the items' weight at each end.
+TRIM = 0.1
+CHEAP_ITEM_S = 50e-6
+
+#: Chunks after which the evidence is used as it stands, agreed or not.
+MAX_SAMPLES = 16
+
+
+@dataclass
+class Evidence:
+    """What the first chunks of one map measured.
+
+    Attributes:
+        per_item: per chunk, the seconds of work per item (its CPU time when
+            it computed half the time or more, else its wall time).
+        cpu_share: per chunk, CPU seconds over wall seconds (0..1).
+        watches: the GIL watches (``GilProfile``) of at least
+            :data:`MIN_WATCH_S` seconds.
+        items: items measured.
+        n_workers: workers of the backend that ran them.
+        on_threads: the items ran on threads of this process.
+        process_cores: for items run on threads of this process, the CPU
+            seconds their own threads used per second since the map began,
+            once :data:`THREADS_MIN_WALL_S` passed (None before, and for
+            process workers). Each thread's own CPU share cannot tell
+            waiting for I/O from waiting for the GIL; the process's can:
+            about 0 when the items wait, about 1 core when they take turns
+            on the GIL, up to the CPU count when they release it.
+        sent: per chunk sent to a process backend, the caller's seconds
+            per item to send it (pickling, shared memory); see :meth:`send_s`.
+        wanted_cores: as ``process_cores``, but the seconds those threads
+            were runnable (on a CPU or queued for one, Linux's schedstat),
+            or None where that cannot be read. A machine short of CPUs
+            lowers ``process_cores`` of threads that release the GIL to
+            what they got (one core reads as taking turns); their runnable
+            time stays about one core per busy thread.
+    """
+
+    n_workers: int
+    per_item: list[float] = field(default_factory=list)
+    weights: list[int] = field(default_factory=list)
+    cpu_share: list[float] = field(default_factory=list)
+    watches: list[GilProfile] = field(default_factory=list)
+    items: int = 0
+    on_threads: bool = False
+    process_cores: float | None = None
+    wanted_cores: float | None = None
+    sent: list[float] = field(default_factory=list)
+
+    def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
+        """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
+        if n_items <= 0:
+            return
+        self.items += n_items
+        # A computing chunk's CPU time is its work: its wall time also holds
+        # the time its worker waited for a core (the parent, other workers, a
+        # busy machine), which a loop here, or threads, would not wait.
+        work = cpu_s if compute_s > 0 and cpu_s >= 0.5 * compute_s else compute_s
+        self.per_item.append(max(work, 0.0) / n_items)
+        self.weights.append(n_items)
+        if compute_s > 0:
+            self.cpu_share.append(min(1.0, max(cpu_s, 0.0) / compute_s))
+        if isinstance(gil, GilProfile) and gil.wall_s >= MIN_WATCH_S:
+            self.watches.append(gil)
+
+    def ready(self) -> bool:
+        """Whether the evidence suffices to decide.
+
+        True after :data:`MAX_SAMPLES` chunks; or, from two chunks on, once
+        the watches agree on a GIL kind (see :attr:`kind`), or once
+        :data:`CHEAP_ITEMS` items measure under :data:`CHEAP_ITEM_S` each:
+        whether such items are worth sending to a process depends on their
+        cost against pickling them, not on the GIL (their chunks are too
+        short to watch it anyway).
+        """
+        if len(self.per_item) >= MAX_SAMPLES:
+            return True
+        if len(self.per_item) < min(2, self.n_workers):
+            return False
+        if self.items >= CHEAP_ITEMS and self.per_item_s < CHEAP_ITEM_S:
+            return True
+        return self.kind is not None
+
+    def add_send(self, n_items: int, seconds: float) -> None:
+        """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""
+        if n_items > 0 and len(self.sent) < MAX_SAMPLES:
+            self.sent.append(seconds / n_items)
+
+    def send_s(self, estimated: float) -> float:
+        """Seconds per item to send: the chunks' own (median), if dearer than ``estimated``.
+
+        The estimate pickles a sample into nothing and prices big buffers
+        at a shared-memory write rate measured on a quiet machine; the
+        sends themselves also pay for allocating the segments' pages, and a
+        busy machine (16 MiB arrays: 5.6 ms estimated, 24-50 ms a send
+        under load). The median leaves out the first send's pool start.
+        """
+        if not self.sent:
+            return estimated
+        return max(estimated, statistics.median(self.sent))
+
+    @property
+    def per_item_s(self) -> float:
+        """Seconds of work per item: a trimmed mean, each chunk weighted by its items (0.0 before any).
+
+        Weighted: the first one-item chunks (a worker's first call pays for
+        cold caches) count as one item each, not as much as a chunk of 600.
+        From :data:`TRIM_MIN_CHUNKS` chunks on, the mean of the middle 80 %
+        of the items (a tenth cut at each end): one stalled chunk among ten
+        or more is cut off, and heavy-tailed durations are priced near their
+        mean (lognormal items' median is ~0.6 of it: the predicted time of
+        the rest read 1.85x short). Fewer chunks: the weighted median.
+        """
+        if not self.per_item:
+            return 0.0
+        pairs = sorted(zip(self.per_item, self.weights))
+        total = sum(self.weights)
+        if len(pairs) >= TRIM_MIN_CHUNKS:
+            low, high = total * TRIM, total * (1 - TRIM)
+            seen = 0.0
+            kept = weighted = 0.0
+            for seconds, weight in pairs:
+                lo, hi = max(seen, low), min(seen + weight, high)
+                if hi > lo:
+                    kept += (hi - lo) * seconds
+                    weighted += hi - lo
+                seen += weight
+            if weighted > 0:
+                return kept / weighted
+        half = total / 2
+        seen = 0
+        for seconds, weight in pairs:
+            seen += weight
+            if seen >= half:
+                return seconds
+        return pairs[-1][0]  # pragma: no cover - the loop always returns
+
+    @property
+    def kind(self) -> GilKind | None:
+        """The GIL kind the watches agree on, or None (too few, or they disagree).
+
+        The kind of the watches' median CPU and GIL shares, when at least
+        two watches and two thirds of them are of that kind (one watch
+        disturbed by a busy machine is outvoted, not averaged in); or one
+        watch of at least ten times :data:`MIN_WATCH_S`. With no watch, a
+        callable whose chunks used under a fifth of a CPU (median) waits:
+        under a competing process, computing chunks still get about half a
+        CPU each, and unwatched figures are not corrected for time queued.
+        """
+        watches = self.watches
+        if self.on_threads:
+            if self.process_cores is None:
+                return None
+            return self._kind_on_threads(self.process_cores)
+        if not watches:
+            if self.cpu_share and statistics.median(self.cpu_share) < 0.2:
+                return "waits"
+            return None
+        kind = classify(
+            statistics.median(w.cpu_share for w in watches),
+            statistics.median(w.gil_share for w in watches),
+        )
+        agree = sum(w.kind == kind for w in watches)
+        if len(watches) == 1:
+            return kind if watches[0].wall_s >= 10 * MIN_WATCH_S else None
+        return kind if agree >= 2 and 3 * agree >= 2 * len(watches) else None
+
+    def _kind_on_threads(self, cores: float) -> GilKind | None:
+        """The kind of items run on threads here, from the process's CPU use and the watches.
+
+        Items whose own CPU share (median) times the threads is under
+        :data:`THREADS_WAIT_CORES` wait (items that take turns on the GIL
+        keep about one core busy between them); so do items under that many
+        cores of the pool's threads, unless each computed while it ran (the
+        pool then waited for chunks: undecided); from
+        :data:`THREADS_RELEASE_CORES` on they release the GIL (threads that
+        hold it cannot use much more than one core together, whatever a
+        watch disturbed by a saturated machine says). The pool's figure is
+        the cores its threads wanted (:attr:`wanted_cores`) where Linux
+        tells, else the cores they used. In between, computing items whose
+        threads wanted about one core took turns on the GIL; without
+        ``wanted_cores`` they hold it only when two watches or more
+        (median) saw it held half the time or more (the threads' CPU alone
+        is not enough: their first calls' imports and BLAS set-up read as
+        work); else undecided (None), as before two chunks.
+        """
+        if len(self.per_item) < 2:
+            return None
+        held = [w.gil_share for w in self.watches]
+        # Each item's own thread barely on a CPU, and no sign of the GIL held
+        # by others meanwhile: it waits, even if starting the threads (their
+        # first calls' imports, BLAS set-up) kept the process busy.
+        share = statistics.median(self.cpu_share) if self.cpu_share else None
+        idle = share is not None and share < 0.05
+        # Items that take turns on the GIL keep one core busy between them:
+        # each of n threads computes about 1/n of its time. Far under that,
+        # summed over every thread, the items wait, whatever a watch says
+        # (on threads it also sees the caller and the threads' start hold
+        # the GIL, and a busy machine's late wake-ups).
+        items_cores = share * self.n_workers if share is not None else None
+        if (items_cores is not None and items_cores < THREADS_WAIT_CORES) or (
+            idle and (not held or statistics.median(held) < GIL_HELD_BY_OTHERS)
+        ):
+            return "waits"
+        wanted = self.wanted_cores
+        if wanted is not None and self.n_workers >= 2:
+            return self._kind_from_wanted(cores, wanted, share)
+        if cores < THREADS_WAIT_CORES:
+            # The pool's threads were mostly idle, but its items computed
+            # while they ran: the threads waited for chunks (a caller that
+            # cannot feed them, items too cheap to send), not the items for
+            # I/O. That says nothing of the GIL: undecided.
+            return "waits" if share is None or share < THREADS_WAIT_CORES else None
+        if cores >= THREADS_RELEASE_CORES:
+            return "releases"  # threads that hold the GIL cannot use much over one core
+        gil_held = len(held) >= 2 and statistics.median(held) >= 0.5
+        if gil_held:
+            return "holds"
+        # Between the two, with no watch seeing the GIL held: the threads'
+        # first calls (imports, BLAS set-up) may be in the figure. Undecided.
+        return None
+
+    def _kind_from_wanted(self, used: float, wanted: float, share: float | None) -> GilKind | None:
+        """The kind of computing items on threads from the cores their threads wanted.
+
+        Threads that release the GIL are runnable all the time: about one
+        core each, whatever a busy machine lets them use. Threads that take
+        turns want about one core between them, plus their timed waits for
+        the GIL (one each switch interval), queued for a CPU on a busy
+        machine: 1.5 cores for six of them under load. Halfway between the
+        two, ``(1 + threads) / 2``, tells them apart; under
+        :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        (undecided, unless the items barely computed).
+        """
+        if wanted >= (1 + self.n_workers) / 2 or used >= THREADS_RELEASE_CORES:
+            return "releases"
+        if max(used, wanted) >= THREADS_WAIT_CORES:
+            return "holds"
+        return "waits" if share is None or share < THREADS_WAIT_CORES else None
+
+    def profile(self) -> GilProfile | None:
+        """One :class:`~smartexec.gil.GilProfile` for the agreed kind (to remember), or None."""
+        kind = self.kind
+        if kind is None:
+            return None
+        watches = [w for w in self.watches if w.kind == kind]
+        if self.process_cores is not None:
+            share = min(1.0, self.process_cores)
+            held = 0.9 if kind == "holds" else 0.0
+            return GilProfile(kind, self.items, 0.0, share, held, 0)
+        if not watches:
+            share = statistics.median(self.cpu_share)
+            return GilProfile(kind, self.items, 0.0, share, 0.0, 0)
+        cpu = statistics.median(w.cpu_share for w in watches)
+        held = statistics.median(w.gil_share for w in watches)
+        return GilProfile(
+            kind,
+            sum(w.items for w in watches),
+            sum(w.wall_s for w in watches),
+            cpu,
+            held,
+            sum(w.samples for w in watches),
+            1,
+            statistics.median(w.cores for w in watches),
+        )
+
+    def describe(self) -> str:
+        """The figures, for ``explain()``: items, chunks, median per item, the watches' kind."""
+        kind = self.kind
+        n = len(self.watches)
+        verdict = f"agree: {kind}" if kind is not None else "disagree" if n > 1 else "(too few)"
+        watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
+        wanted = (
+            f" and wanted {self.wanted_cores:.1f} (on a CPU or queued for one)"
+            if self.wanted_cores is not None
+            else ""
+        )
+        on_threads = (
+            f"; its threads used {self.process_cores:.1f} cores meanwhile{wanted} (kind: {kind})"
+            if self.process_cores is not None
+            else ""
+        )
+        return (
+            f"measured in the workers: {self.items} items in {len(self.per_item)} chunks, "
+            f"median {format_seconds(self.per_item_s)} per item{watched if on_threads == '' else ''}"
+            f"{on_threads}"
+        )
+
+
+def predict_s(
+    route: str,
+    *,
+    kind: GilKind | None,
+    per_item_s: float,
+    send_s: float,
+    rest: int,
+    cpus: int,
+    workers: int,
+    startup_s: float = 0.0,
+    cores: float = 1.0,
+) -> float:
+    """Predicted seconds for ``rest`` items on ``route``; pure.
+
+    Args:
+        route: ``"thread"``, ``"inline"`` or a process backend (any other name).
+        kind: the callable's GIL kind, or None when unknown (taken as ``"holds"``
+            for threads: the safe guess for Python code).
+        per_item_s: seconds of work per item (measured in workers).
+        send_s: seconds per item the parent spends pickling arguments and
+            results (process routes only; :data:`PROCESS_ITEM_S` is added).
+        rest: items left (int >= 0).
+        cpus: usable CPUs.
+        workers: the route's workers.
+        startup_s: seconds to start the route's workers (0 when running).
+        cores: cores one item keeps busy by itself (BLAS threads).
+
+    Returns:
+        Seconds (float).
+    """
+    work = per_item_s * rest
+    if route == "inline":
+        return work
+    at_once = max(1, min(workers, round(cpus / max(1.0, cores))))
+    if route == "thread":
+        if kind == "waits":
+            return work / max(1, workers)
+        if kind == "releases":
+            return work / at_once
+        # Threads that hold the GIL take turns, and each hand-over costs:
+        # a plain loop in the calling thread is faster.
+        return work * THREAD_GIL_PENALTY
+    return startup_s + max(work / at_once, (send_s + PROCESS_ITEM_S) * rest)
+
+
+@dataclass(frozen=True)
+class Reroute:
+    """What :func:`reroute` found.
+
+    Attributes:
+        target: the route to move the rest of the map to, or None to stay.
+        predicted: predicted seconds for the rest, per route considered.
+        reason: one sentence with the figures.
+    """
+
+    target: str | None
+    predicted: dict[str, float]
+    reason: str
+
+
+def reroute(
+    evidence: Evidence,
+    *,
+    current: str,
+    candidates: dict[str, tuple[int, float]],
+    send_s: float,
+    rest: int | None,
+    cpus: int,
+) -> Reroute:
+    """Whether the rest of a map should move from ``current`` to another route; pure.
+
+    Args:
+        evidence: the first chunks' figures (see :meth:`Evidence.ready`).
+        current: the route running now (a backend name).
+        candidates: routes it may move to (the current one included), each
+            with its ``(workers, start-up seconds)``.
+        send_s: seconds per item to send an item to a process and get its
+            result back (measured on a sample).
+        rest: items not yet sent, or None when the input's length is
+            unknown (then counted as the items measured so far: a switch
+            must pay for itself on no more than what was seen).
+        cpus: usable CPUs.
+
+    Returns:
+        A :class:`Reroute`; ``target`` is None unless another route is
+        predicted :data:`SWITCH_GAIN` times faster and :data:`SWITCH_MIN_S`
+        seconds sooner, on a GIL kind the watches agree on (a loop in the
+        calling thread, whose prediction needs no GIL kind, also without).
+    """
+    kind = evidence.kind
+    left = evidence.items if rest is None else rest
+    cores = 1.0
+    if evidence.watches and current != "thread":
+        # Watched in a worker process, the process's CPU is the item's own
+        # (its BLAS threads); on threads it is every worker thread's too.
+        cores = statistics.median(w.cores for w in evidence.watches)
+    predicted = {
+        route: predict_s(
+            route,
+            kind=kind,
+            per_item_s=evidence.per_item_s,
+            send_s=send_s,
+            rest=left,
+            cpus=cpus,
+            workers=workers,
+            startup_s=startup_s,
+            cores=cores,
+        )
+        for route, (workers, startup_s) in candidates.items()
+    }
+    figures = ", ".join(f"{route} {seconds:.3f} s" for route, seconds in predicted.items())
+    here = predicted[current]
+    if kind is None:
+        # Only a loop's prediction, and a process route's, do not rest on the
+        # GIL kind: without one, a process route may still give way to a loop;
+        # so may threads running cheap items (under CHEAP_ITEM_S: they gain
+        # nothing from threads, whatever the GIL).
+        cheap = evidence.per_item_s < CHEAP_ITEM_S
+        movable = ("inline",) if current != "thread" or cheap else ()
+        predicted_known = {r: t for r, t in predicted.items() if r == current or r in movable}
+    else:
+        predicted_known = predicted
+    best = min(predicted_known, key=lambda route: (predicted_known[route], route != current))
+    what = f"{evidence.describe()}; predicted for the {left} items left: {figures}"
+    if best == current:
+        why = "no GIL kind agreed" if kind is None else f"{current} is fastest"
+        return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
+    gain = here / max(predicted[best], 1e-9)
+    if gain < SWITCH_GAIN or here - predicted[best] < SWITCH_MIN_S:
+        return Reroute(
+            None,
+            predicted,
+            f"{what} -> stays on {current} ({best} would gain only {gain:.2f}x)",
+        )
+    return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")

@@ -1,0 +1,272 @@
+"""What completed submits measured in the workers, and when it moves later submits to threads.
+
+``SmartExecutor.submit`` sends a callable that may hold the GIL to process
+workers (fork or loky). Each completed call's
+:class:`~smartexec._remote.ChunkResult` says how long the call ran
+(``compute_s``), how much of it the worker's thread was on a CPU
+(``cpu_s``) and, for a callable's first ~30 ms of work in each worker, how it
+used the GIL (``gil``); the executor adds what sending the call cost in this
+process. :class:`SubmitLearner` keeps the last :data:`WINDOW` calls' figures
+per callable (weakly: it never keeps a callable alive) and gives a
+:class:`Learned` verdict once they agree that threads serve the callable
+better, for one of three reasons:
+
+* **waits**: the call's thread was on a CPU under
+  :data:`~smartexec.gil.CPU_SHARE_WAITS` (half) of the call (sleep, I/O, a
+  child process), and at most half of the GIL watches (if any) say it holds
+  the GIL: a call's CPU share counts time it sat queued for a core as
+  waiting, the watches take that out, so on a loaded machine a computing
+  callable is not taken for a waiting one. Threads overlap the waiting as well as processes do, with
+  no pickling and no round trip (a fork round trip costs ~150 us, a loky one
+  ~250 us: the backends' ``chunk_overhead_s``).
+* **releases**: the workers' GIL watches (each call's chunk while the
+  callable's watch budget lasts, :data:`~smartexec._remote.WATCH_S`) found it
+  computing without the GIL (numpy, hashlib, zlib on big data): threads run
+  it in parallel. Watches of calls shorter than :data:`MIN_WATCH_S` (5 ms)
+  are not kept: the sampler wakes every 0.5 ms, its start is delayed by up to
+  a switch interval (5 ms) by a thread holding the GIL, and its start and
+  join count in the watch's time: 2 ms pure-Python calls read 30-45 % on the
+  CPU ("waits") or "releases" in fork workers.
+* **cheap**: the call computes in under :data:`CHEAP_CALL_S` (50 us), or in
+  less than this process spent sending it. A process round trip then costs
+  more than the call: on the thread route a submit costs ~20 us, so threads
+  run such calls one after another (the GIL held) faster than this process
+  alone can send them to processes. 20,000 submits of ``operator.add``:
+  264 us per call on fork workers, ~26 us on a ``ThreadPoolExecutor``
+  (issue 14).
+
+A verdict needs :data:`MIN_CALLS` (4) completed calls, of which at least
+:data:`AGREE` (three quarters) say the same (for *releases*, at least
+:data:`MIN_WATCHES` watches, three quarters of them not ``"holds"``): a
+single stalled call (a worker descheduled for 50 ms reads as a call that
+waited) is outvoted, and the figures quoted are medians. A verdict, once
+given, stands: later submits run on threads, which feed no more figures.
+Until then every call runs in a worker process, so no call of a
+process-routed callable runs in the caller before the evidence says so.
+
+The executor applies a verdict only where the policy's reasons for processes
+are the callable's figures, not the user's or the callable's state: never
+for a callable shared by copy-on-write, a forced ``backend=``,
+``prefer="processes"``, an ``initializer``, a ``task_timeout`` or
+``max_tasks_per_child`` (see ``SmartExecutor.submit``).
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._identity import WeakCallable, identity_key
+from ._remote import ChunkResult
+from .gil import CPU_SHARE_WAITS, GilProfile
+
+__all__ = [
+    "SubmitLearner",
+    "Learned",
+    "MIN_CALLS",
+    "WINDOW",
+    "AGREE",
+    "CHEAP_CALL_S",
+    "MIN_WATCHES",
+    "MIN_WATCH_S",
+]
+
+#: Completed calls needed before any verdict.
+MIN_CALLS = 4
+
+#: Most recent calls whose figures are kept per callable.
+WINDOW = 16
+
+#: Share of the calls (or watches) that must agree on a verdict.
+AGREE = 0.75
+
+#: A call computing under this many seconds is cheaper than any process
+#: round trip (fork ~150 us, loky ~250 us; a thread-route submit ~20 us).
+CHEAP_CALL_S = 50e-6
+
+#: GIL watches needed for a *releases* verdict.
+MIN_WATCHES = 2
+
+#: Watches of calls shorter than this are too short to tell the GIL's use.
+MIN_WATCH_S = 0.005
+
+LearnedKind = Literal["waits", "releases", "cheap"]
+
+
+@dataclass(frozen=True)
+class Learned:
+    """Why later submits of a callable run on threads.
+
+    Attributes:
+        kind: ``"waits"``, ``"releases"`` or ``"cheap"`` (see the module docstring).
+        calls: completed calls the verdict rests on (int).
+        compute_s: their median seconds per call, measured in the workers.
+        cpu_share: their median share of the call on a CPU (0..1).
+        send_s: the median seconds this process spent sending one call.
+        backend: the process backend they ran on (``"fork"``, ``"loky"``).
+    """
+
+    kind: LearnedKind
+    calls: int
+    compute_s: float
+    cpu_share: float
+    send_s: float
+    backend: str
+
+    def reason(self) -> str:
+        """One sentence for ``explain()``'s reasons."""
+        figures = (
+            f"after {self.calls} submits measured in {self.backend} workers: "
+            f"{_format_s(self.compute_s)} per call (median), on the CPU "
+            f"{self.cpu_share:.0%} of it, {_format_s(self.send_s)} to send"
+        )
+        why = {
+            "waits": "it mostly waits, and threads overlap waits with no pickling",
+            "releases": "it computes without the GIL, so threads run it in parallel",
+            "cheap": "a call costs less than a process round trip",
+        }[self.kind]
+        return (
+            f"{figures} -> {why}: later submits run on threads, in this process "
+            f"(map() routes on its own measurements)"
+        )
+
+
+def _format_s(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+class _Evidence:
+    __slots__ = ("handle", "calls", "watches", "verdict")
+
+    def __init__(self) -> None:
+        self.handle: WeakCallable | None = None
+        # (compute_s, cpu_s, send_s) per call, the newest last.
+        self.calls: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=WINDOW)
+        self.watches: collections.deque[GilProfile] = collections.deque(maxlen=WINDOW)
+        self.verdict: Learned | None = None
+
+
+def _agreed(votes: int, total: int) -> bool:
+    return total > 0 and votes >= AGREE * total
+
+
+def judge(
+    calls: list[tuple[float, float, float]], watches: list[GilProfile], backend: str
+) -> Learned | None:
+    """The verdict on ``calls`` (``(compute_s, cpu_s, send_s)`` each) and ``watches``, or None.
+
+    Pure: see the module docstring for the rules.
+
+    Args:
+        calls: the figures of completed calls, any order.
+        watches: GIL watches of those calls' chunks, of calls of at least
+            :data:`MIN_WATCH_S` (shorter ones are not kept).
+        backend: the process backend the calls ran on (for the reason).
+
+    Returns:
+        A :class:`Learned` when threads serve the callable better, else None
+        (too few calls, no agreement, or the calls compute holding the GIL).
+    """
+    n = len(calls)
+    if n < MIN_CALLS:
+        return None
+    shares = [min(1.0, cpu / compute) if compute > 0 else 1.0 for compute, cpu, _ in calls]
+
+    def learned(kind: LearnedKind) -> Learned:
+        return Learned(
+            kind,
+            n,
+            statistics.median(c for c, _, _ in calls),
+            statistics.median(shares),
+            statistics.median(s for _, _, s in calls),
+            backend,
+        )
+
+    # A call's CPU share counts time it sat queued for a core as waiting; the
+    # watches take that out (Linux schedstat): on a loaded machine they veto.
+    holds = sum(w.kind == "holds" for w in watches)
+    if _agreed(sum(share < CPU_SHARE_WAITS for share in shares), n) and not (
+        watches and 2 * holds >= len(watches)
+    ):
+        return learned("waits")
+    if len(watches) >= MIN_WATCHES and _agreed(
+        sum(w.kind == "releases" for w in watches), len(watches)
+    ):
+        return learned("releases")
+    if _agreed(sum(compute < max(CHEAP_CALL_S, send) for compute, _, send in calls), n):
+        return learned("cheap")
+    return None
+
+
+class SubmitLearner:
+    """Per-callable figures of completed submits and their verdicts. Thread-safe.
+
+    Keyed like ``SmartExecutor``'s decision cache
+    (:func:`~smartexec._identity.identity_key`, held by a
+    :class:`~smartexec._identity.WeakCallable`); a callable that cannot be
+    weakly referenced is not learned about (a cache must never keep a user's
+    object alive).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._evidence: dict[Hashable, _Evidence] = {}
+
+    def verdict(self, fn: Any, key: Hashable | None = None) -> Learned | None:
+        """The verdict for ``fn``, or None (not enough agreeing evidence yet). Lock-free.
+
+        ``key``: ``identity_key(fn)``, when the caller has it already.
+        """
+        entry = self._evidence.get(identity_key(fn) if key is None else key)
+        if entry is None or entry.verdict is None:
+            return None
+        if entry.handle is None or not entry.handle.matches(fn):
+            return None
+        return entry.verdict
+
+    def record(self, fn: Any, result: ChunkResult, send_s: float, backend: str) -> Learned | None:
+        """Add one completed call's figures for ``fn``; return the verdict if this gives one.
+
+        Args:
+            fn: the user's callable.
+            result: the call's one-call chunk, as the worker returned it.
+            send_s: seconds this process spent sending the call.
+            backend: the backend it ran on.
+
+        Returns:
+            The new verdict when this call completed the evidence for one,
+            else None (also when a verdict was given before).
+        """
+        key = identity_key(fn)
+        with self._lock:
+            entry = self._evidence.get(key)
+            if entry is None or entry.handle is None or not entry.handle.matches(fn):
+                entry = _Evidence()
+                entry.handle = WeakCallable(fn, self._forget(key, entry))
+                if not entry.handle.weak:
+                    return None
+                self._evidence[key] = entry
+            if entry.verdict is not None:
+                return None
+            entry.calls.append((result.compute_s, result.cpu_s, send_s))
+            if isinstance(result.gil, GilProfile) and result.compute_s >= MIN_WATCH_S:
+                entry.watches.append(result.gil)
+            entry.verdict = judge(list(entry.calls), list(entry.watches), backend)
+            return entry.verdict
+
+    def _forget(self, key: Hashable, entry: _Evidence) -> Any:
+        evidence = self._evidence  # the weakref callback must not hold self
+
+        def forget() -> None:
+            # May run inside the garbage collector while a thread holds the
+            # lock: dict calls are atomic, so no lock here.
+            if evidence.get(key) is entry:
+                evidence.pop(key, None)
+
+        return forget

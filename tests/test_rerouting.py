@@ -1,0 +1,295 @@
+"""The evidence a map's first chunks give, and the move it may make (pure: no workers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from smartexec._rerouting import (
+    MAX_SAMPLES,
+    SWITCH_GAIN,
+    Evidence,
+    predict_s,
+    reroute,
+)
+from smartexec.gil import GilProfile
+
+HOLDS = GilProfile("holds", 2, 0.02, 0.99, 0.9, 40)
+RELEASES = GilProfile("releases", 2, 0.02, 0.99, 0.02, 40)
+WAITS = GilProfile("waits", 2, 0.02, 0.01, 0.0, 40)
+SHORT = GilProfile("holds", 1, 0.0005, 1.0, 1.0, 1)
+
+
+def evidence(*watches: GilProfile, per_item_s: float = 0.01, workers: int = 2) -> Evidence:
+    found = Evidence(workers)
+    for watch in watches:
+        found.add(1, per_item_s, per_item_s * watch.cpu_share, watch)
+    return found
+
+
+def test_two_agreeing_watches_settle_the_kind():
+    assert evidence(WAITS, WAITS).kind == "waits"
+    assert evidence(WAITS, WAITS).ready()
+    assert evidence(HOLDS, HOLDS).kind == "holds"
+
+
+def test_one_watch_is_enough_only_when_long():
+    found = evidence(GilProfile("holds", 1, 0.005, 0.99, 0.9, 10))
+    assert found.kind is None and not found.ready()
+    assert evidence(GilProfile("holds", 1, 0.05, 0.99, 0.9, 100), workers=1).ready()
+
+
+def test_a_watch_too_short_to_see_the_gil_is_not_counted():
+    found = evidence(SHORT, SHORT, SHORT)
+    assert found.watches == [] and found.kind is None
+
+
+def test_one_disturbed_watch_is_outvoted_not_averaged():
+    found = evidence(RELEASES, HOLDS)
+    assert found.kind is None and not found.ready()  # 1 of 2: wait for a third
+    found.add(1, 0.01, 0.01, RELEASES)
+    assert found.kind == "releases" and found.ready()
+
+
+def test_many_chunks_end_the_wait_even_without_agreement():
+    found = Evidence(2)
+    for _ in range(MAX_SAMPLES):
+        found.add(10, 0.001, 0.001, None)
+    assert found.ready() and found.kind is None
+
+
+def test_without_watches_only_a_clear_wait_counts():
+    waiting = Evidence(2)
+    busy = Evidence(2)
+    for _ in range(3):
+        waiting.add(1, 0.01, 0.0001, None)
+        busy.add(1, 0.01, 0.004, None)  # 40 % of a CPU: a busy machine, not a wait
+    assert waiting.kind == "waits" and busy.kind is None
+
+
+def test_a_stalled_chunk_moves_the_median_by_one_rank_only():
+    found = Evidence(2)
+    for seconds in (0.001, 0.001, 0.124, 0.001, 0.001):
+        found.add(1, seconds, seconds, None)
+    assert found.per_item_s == pytest.approx(0.001)
+
+
+def test_predictions():
+    common = {"per_item_s": 0.01, "send_s": 0.0, "rest": 100, "cpus": 2}
+    assert predict_s("inline", kind="holds", workers=1, **common) == pytest.approx(1.0)
+    assert predict_s("thread", kind="holds", workers=6, **common) == pytest.approx(1.5)  # turns
+    assert predict_s("thread", kind="waits", workers=6, **common) == pytest.approx(1 / 6)
+    assert predict_s("thread", kind="releases", workers=6, **common) == pytest.approx(0.5)
+    assert predict_s("fork", kind="holds", workers=2, **common) == pytest.approx(0.5)
+    # the parent's sending bounds a process route
+    sending = dict(common, send_s=0.02)
+    assert predict_s("fork", kind="releases", workers=2, **sending) == pytest.approx(2.0002)
+    # an item that keeps both cores busy leaves room for one at a time
+    assert predict_s("thread", kind="releases", workers=6, cores=2.0, **common) == 1.0
+
+
+def test_waiting_work_moves_from_processes_to_threads():
+    move = reroute(
+        evidence(WAITS, WAITS),
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=1e-5,
+        rest=90,
+        cpus=2,
+    )
+    assert move.target == "thread"
+    assert "moves to thread" in move.reason and "90 items left" in move.reason
+
+
+def test_gil_holding_work_stays_on_processes():
+    stay = reroute(
+        evidence(HOLDS, HOLDS),
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=1e-5,
+        rest=200,
+        cpus=2,
+    )
+    assert stay.target is None and "stays on fork" in stay.reason
+
+
+def test_no_move_on_disagreeing_watches_whatever_the_prediction():
+    stay = reroute(
+        evidence(WAITS, HOLDS),
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=1e-5,
+        rest=1000,
+        cpus=2,
+    )
+    assert stay.target is None and "no GIL kind agreed" in stay.reason
+
+
+def test_cheap_items_settle_without_a_gil_kind_and_may_move_to_a_loop():
+    found = Evidence(2)
+    for _ in range(2):
+        found.add(100, 100 * 2e-7, 100 * 2e-7, None)  # 0.2 us items: too short to watch
+    assert found.kind is None and found.ready()
+    move = reroute(
+        found,
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0), "inline": (1, 0.0)},
+        send_s=1e-6,  # pickling costs 5x the work
+        rest=200_000,
+        cpus=2,
+    )
+    assert move.target == "inline", move.reason
+
+
+def test_a_near_tie_stays():
+    # threads predicted faster, but by less than SWITCH_GAIN
+    found = evidence(RELEASES, RELEASES, per_item_s=0.01)
+    stay = reroute(
+        found,
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=0.01 / 2 * (SWITCH_GAIN - 0.1),
+        rest=1000,
+        cpus=2,
+    )
+    assert stay.target is None and "gain only" in stay.reason
+
+
+def test_a_switch_must_save_some_milliseconds():
+    stay = reroute(
+        evidence(WAITS, WAITS, per_item_s=1e-4),
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=0.0,
+        rest=10,
+        cpus=2,
+    )
+    assert stay.target is None
+
+
+def test_start_up_counts_against_a_move_to_processes():
+    found = evidence(HOLDS, HOLDS, per_item_s=0.001)
+    near = dict(current="thread", send_s=1e-5, rest=300, cpus=2)
+    assert reroute(found, candidates={"thread": (6, 0.0), "loky": (2, 0.5)}, **near).target is None
+    assert reroute(found, candidates={"thread": (6, 0.0), "fork": (2, 0.008)}, **near).target == (
+        "fork"
+    )
+
+
+def test_an_unknown_length_counts_only_what_was_seen():
+    found = evidence(HOLDS, HOLDS, per_item_s=0.001)
+    move = reroute(
+        found,
+        current="thread",
+        candidates={"thread": (6, 0.0), "fork": (2, 0.008)},
+        send_s=1e-5,
+        rest=None,
+        cpus=2,
+    )
+    assert move.target is None  # 2 items seen: no move pays for itself on 2 items
+
+
+def test_the_remembered_profile_is_the_agreed_kind():
+    found = evidence(RELEASES, RELEASES, HOLDS)
+    profile = found.profile()
+    assert profile is not None and profile.kind == "releases" and profile.items == 4
+    assert evidence(RELEASES, HOLDS).profile() is None
+
+
+@pytest.mark.parametrize(
+    ("cores", "gil_share", "kind"),
+    [
+        (0.05, 0.0, "waits"),
+        (1.0, 0.9, "holds"),
+        (1.9, 0.05, "releases"),
+        (1.9, 0.9, "releases"),  # over one core: not GIL-bound, whatever the watch read
+        (0.8, 0.05, None),  # busy, but no watch saw the GIL held: undecided
+    ],
+)
+def test_on_threads_the_process_cpu_tells_waiting_from_taking_turns(cores, gil_share, kind):
+    # Six threads taking turns on the GIL each read ~1/6 CPU, as if waiting:
+    # the process's CPU (one core busy) says otherwise.
+    found = Evidence(6)
+    for _ in range(3):
+        watch = GilProfile("waits", 1, 0.01, 0.16, gil_share, 20)
+        found.add(1, 0.01, 0.0016, watch)
+    found.on_threads = True
+    assert found.kind is None  # not yet measured long enough
+    found.process_cores = cores
+    assert found.kind == kind
+    assert found.ready() == (kind is not None)
+
+
+def test_on_threads_items_that_barely_use_a_cpu_wait_whatever_the_watches_saw():
+    # Sleeping items on a cold pool: the threads' start and the caller hold
+    # the GIL while the watches run, and the pool threads' clocks count the
+    # start too (0.8 cores). The items' own CPU, summed over the six
+    # threads, is far under the one core that items taking turns keep busy.
+    found = Evidence(6)
+    for _ in range(3):
+        watch = GilProfile("holds", 1, 0.01, 0.005, 0.7, 20)
+        found.add(1, 0.01, 0.00005, watch)
+    found.on_threads = True
+    found.process_cores = 0.8
+    assert found.kind == "waits"
+
+
+def test_on_threads_a_starved_pool_of_computing_items_is_not_read_as_waiting():
+    # 0.5 us items in chunks of 3,700: the caller cannot feed six threads, so
+    # the pool's clocks read 0.1 cores; each chunk computed all its wall time.
+    found = Evidence(6)
+    for _ in range(3):
+        found.add(3700, 0.002, 0.002, None)
+    found.on_threads = True
+    found.process_cores = 0.1
+    assert found.kind is None
+    assert found.ready()  # cheap items settle without a kind
+
+
+@pytest.mark.parametrize(
+    ("used", "wanted", "kind"),
+    [
+        (0.9, 4.5, "releases"),  # six threads short of CPUs: runnable, not taking turns
+        (0.9, 1.05, "holds"),  # one runnable at a time: taking turns on the GIL
+        (0.3, 1.5, "holds"),  # ... and their timed waits for the GIL queued for a CPU
+        (0.1, 0.1, None),  # the pool waited for chunks: says nothing of the GIL
+        (0.1, 0.12, "waits"),
+    ],
+)
+def test_on_threads_the_cores_the_threads_wanted_survive_a_busy_machine(used, wanted, kind):
+    # A machine short of CPUs gives GIL-releasing threads one core between
+    # them, as if they took turns; their time queued for a CPU says otherwise.
+    found = Evidence(6)
+    share = 0.01 if kind == "waits" else 0.9 if kind is None else 0.15
+    for _ in range(3):
+        found.add(1, 0.01, 0.01 * share, None)
+    found.on_threads = True
+    found.process_cores = used
+    found.wanted_cores = wanted
+    assert found.kind == kind
+
+
+def test_the_chunks_own_send_time_counts_when_dearer_than_the_estimate():
+    found = Evidence(2)
+    assert found.send_s(0.005) == 0.005  # nothing sent yet: the estimate
+    for seconds in (0.2, 0.03, 0.04, 0.035):  # the first send started the pool
+        found.add_send(1, seconds)
+    assert found.send_s(0.005) == pytest.approx(0.0375)
+    assert found.send_s(0.1) == 0.1  # never below the estimate (results come back too)
+
+
+def test_the_per_item_figure_cuts_one_stall_and_prices_a_heavy_tail_near_its_mean():
+    stalled = Evidence(2)
+    for _ in range(11):
+        stalled.add(4, 0.004, 0.004, None)  # 1 ms per item
+    stalled.add(4, 0.4, 0.004, None)  # one chunk stalled 100x
+    assert stalled.per_item_s == pytest.approx(0.001)
+    # Durations 1, 1, 1, 1, 2, 2, 3, 4, 6, 9 ms (median 2, mean 3): the
+    # middle 80 % average 2.5 ms.
+    tail = Evidence(2)
+    for ms in (1, 1, 1, 1, 2, 2, 3, 4, 6, 9):
+        tail.add(1, ms / 1000, ms / 1000, None)
+    assert tail.per_item_s == pytest.approx(0.0025)
+    few = Evidence(2)
+    for ms in (1, 2, 9):  # under ten chunks: the weighted median
+        few.add(1, ms / 1000, ms / 1000, None)
+    assert few.per_item_s == pytest.approx(0.002)

@@ -1,0 +1,315 @@
+"""submit() learns from completed calls (issue 14, item 4): smartexec._submit_learning and its hook.
+
+The first submits of a callable routed to processes run in worker
+processes; once their figures agree that threads serve it better (it waits,
+releases the GIL, or costs less than a round trip), later submits run on
+threads. Where a call ran is read from its result (``os.getpid()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import gc
+import operator
+import os
+import time
+import weakref
+
+import pytest
+
+from smartexec import SmartExecutor
+from smartexec._remote import ChunkResult
+from smartexec._submit_learning import (
+    CHEAP_CALL_S,
+    MIN_CALLS,
+    MIN_WATCH_S,
+    SubmitLearner,
+    judge,
+)
+from smartexec.gil import GilProfile
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def waits(x: int) -> int:
+    time.sleep(0.005)
+    return os.getpid()
+
+
+def computes(x: int) -> int:
+    """About 2 ms of pure-Python work (holds the GIL); call 2 sleeps 60 ms (a stall)."""
+    if x == 2:
+        time.sleep(0.06)
+    start = time.thread_time()
+    n = 0
+    while time.thread_time() - start < 0.002:
+        n += sum(range(200))
+    return os.getpid()
+
+
+class Holder:
+    """Holds state over big_state_bytes: shared with fork workers by copy-on-write."""
+
+    def __init__(self) -> None:
+        self.blob = bytes(4 << 20)
+
+    def wait(self, x: int) -> int:
+        time.sleep(0.005)
+        return os.getpid()
+
+
+def _holds(wall_s: float = 0.01) -> GilProfile:
+    return GilProfile("holds", 1, wall_s, 1.0, 0.9, 20)
+
+
+def _releases(wall_s: float = 0.01) -> GilProfile:
+    return GilProfile("releases", 1, wall_s, 1.0, 0.02, 20)
+
+
+# -- the verdict (pure) ------------------------------------------------------------
+
+
+def test_no_verdict_before_min_calls():
+    calls = [(0.005, 0.0, 1e-4)] * (MIN_CALLS - 1)
+    assert judge(calls, [], "fork") is None
+    assert judge([*calls, (0.005, 0.0, 1e-4)], [], "fork").kind == "waits"
+
+
+def test_waiting_calls_are_judged_waits_with_median_figures():
+    calls = [(0.005, 0.0001, 1e-4), (0.006, 0.0001, 2e-4), (0.005, 0.0, 1e-4), (0.5, 0.0, 1e-4)]
+    learned = judge(calls, [], "fork")
+    assert learned is not None and learned.kind == "waits"
+    assert learned.compute_s == pytest.approx(0.0055)  # the median: the 0.5 s call does not count
+    assert "after 4 submits measured in fork workers" in learned.reason()
+    assert "threads" in learned.reason() and "this process" in learned.reason()
+
+
+def test_one_stalled_call_does_not_flip_a_computing_callable():
+    # Three calls on the CPU all their time; one stalled (descheduled: it reads as a wait).
+    calls = [(0.002, 0.002, 1e-4)] * 3 + [(0.06, 0.002, 1e-4)]
+    assert judge(calls, [_holds()] * 4, "fork") is None
+    # Two of four is no agreement either.
+    calls = [(0.002, 0.002, 1e-4)] * 2 + [(0.06, 0.0001, 1e-4)] * 2
+    assert judge(calls, [_holds()] * 4, "fork") is None
+
+
+def test_calls_queued_for_a_core_are_not_taken_for_waits_when_watches_say_holds():
+    # A loaded machine: 2 ms of CPU in 6 ms of wall; the watches (queueing taken out) say holds.
+    calls = [(0.006, 0.002, 1e-4)] * 4
+    assert judge(calls, [_holds(0.002)] * 3, "fork") is None
+    assert judge(calls, [], "fork").kind == "waits"
+
+
+def test_releasing_calls_need_agreeing_watches():
+    calls = [(0.01, 0.01, 1e-4)] * 4
+    assert judge(calls, [_releases()] * 3, "fork").kind == "releases"
+    assert judge(calls, [_releases()] * 2 + [_holds()] * 2, "fork") is None
+    waits_read = GilProfile("waits", 1, 0.006, 0.4, 0.85, 10)  # a short watch's noise
+    assert judge(calls, [waits_read] * 3, "fork") is None
+
+
+def test_watches_of_short_calls_are_not_kept():
+    learner = SubmitLearner()
+    short = ChunkResult([(True, None)], MIN_WATCH_S / 2, MIN_WATCH_S / 2, _releases())
+    for _ in range(MIN_CALLS):
+        learner.record(waits, short, 1e-4, "fork")
+    assert learner.verdict(waits) is None
+
+
+def test_cheap_calls_and_calls_cheaper_than_their_sending():
+    cheap = [(CHEAP_CALL_S / 10, CHEAP_CALL_S / 10, 1e-4)] * 4
+    assert judge(cheap, [_holds(0.001)], "fork").kind == "cheap"
+    # 1 ms of GIL-holding work that took 3 ms to send: threads win too.
+    heavy_send = [(0.001, 0.001, 0.003)] * 4
+    assert judge(heavy_send, [], "loky").kind == "cheap"
+    assert judge([(0.001, 0.001, 1e-4)] * 4, [], "fork") is None
+
+
+def test_learner_keeps_a_verdict_and_not_the_callable():
+    learner = SubmitLearner()
+
+    def fn() -> None:
+        pass
+
+    for _ in range(MIN_CALLS):
+        learner.record(fn, ChunkResult([(True, None)], 0.005, 0.0), 1e-4, "fork")
+    assert learner.verdict(fn).kind == "waits"
+    assert learner.verdict(waits) is None
+    del fn
+    import gc
+
+    gc.collect()
+    assert not learner._evidence
+
+
+# -- the executor ------------------------------------------------------------------
+
+
+def test_a_waiting_submit_loop_moves_to_threads_after_its_first_calls():
+    with SmartExecutor() as ex:
+        assert ex.explain(waits).backend == "fork"
+        pids = [ex.submit(waits, i).result(timeout=30) for i in range(12)]
+        here = [pid == os.getpid() for pid in pids]
+        # The first calls ran in workers (no call ran here before evidence), the last here.
+        assert not any(here[:MIN_CALLS]), here
+        assert all(here[-4:]), here
+        decision = ex.explain(waits)
+        assert decision.backend == "thread", str(decision)
+        assert "submits measured in fork workers" in decision.reasons[0]
+        assert "mostly waits" in decision.reasons[0]
+        assert any(d.backend == "thread" for d in ex.decisions())
+        assert ex.stats().backends["thread"].items >= 4
+
+
+def test_a_pure_python_cpu_function_stays_on_processes_despite_a_stall():
+    with SmartExecutor() as ex:
+        pids = [ex.submit(computes, i).result(timeout=30) for i in range(12)]
+        assert os.getpid() not in pids
+        assert ex.explain(computes).backend == "fork"
+
+
+def test_trivial_submits_move_to_threads():
+    with SmartExecutor() as ex:
+        futures = [ex.submit(operator.add, i, 1) for i in range(300)]
+        assert [f.result(timeout=30) for f in futures] == [i + 1 for i in range(300)]
+        for i in range(20):  # the figures of the first calls are in by now
+            assert ex.submit(operator.add, i, 1).result(timeout=30) == i + 1
+        decision = ex.explain(operator.add)
+        assert decision.backend == "thread", str(decision)
+        assert "less than a process round trip" in decision.reasons[0]
+        stats = ex.stats().backends
+        assert stats["fork"].items >= MIN_CALLS
+        assert stats["thread"].items >= 20
+
+
+def test_run_in_executor_of_blocking_io_ends_on_threads():
+    async def main(ex: SmartExecutor) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(ex, waits, i) for i in range(12)]
+
+    with SmartExecutor() as ex:
+        pids = asyncio.run(main(ex))
+        assert pids[0] != os.getpid()
+        assert pids[-1] == os.getpid()
+        assert ex.explain(waits).backend == "thread"
+
+
+def test_a_callable_shared_by_copy_on_write_never_moves():
+    holder = Holder()
+    with SmartExecutor() as ex:
+        assert ex.explain(holder.wait).share
+        pids = [ex.submit(holder.wait, i).result(timeout=30) for i in range(10)]
+        assert os.getpid() not in pids
+        assert ex.explain(holder.wait).backend == "fork"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"prefer": "processes"}, {"task_timeout": 30.0}, {"max_tasks_per_child": 100}],
+    ids=["prefer-processes", "task_timeout", "max_tasks_per_child"],
+)
+def test_the_users_process_options_keep_submits_on_processes(options):
+    with SmartExecutor(**options) as ex:
+        pids = [ex.submit(waits, i).result(timeout=30) for i in range(10)]
+        assert os.getpid() not in pids
+        assert ex.explain(waits).backend == "fork"
+
+
+# -- the thread route's own futures ------------------------------------------------------
+
+_GATE = None
+
+
+def _wait_for_gate() -> int:
+    assert _GATE is not None
+    _GATE.wait(30)
+    return 1
+
+
+def test_thread_route_submits_cancel_and_count_as_the_stdlibs():
+    import threading
+
+    global _GATE
+    _GATE = threading.Event()
+    try:
+        with SmartExecutor(1, prefer="threads") as ex:
+            running = ex.submit(_wait_for_gate)
+            queued = [ex.submit(operator.add, i, 1) for i in range(5)]
+            assert queued[0].cancel()  # not started: cancelled, never run
+            ex.shutdown(wait=False, cancel_futures=True)
+            assert all(f.cancelled() for f in queued)
+            _GATE.set()
+            assert running.result(timeout=30) == 1
+        stats = ex.stats().backends["thread"]
+        assert stats.items == 1
+        time.sleep(0.05)
+        # Nothing is left counted as in flight (its active time would grow).
+        assert ex.stats().backends["thread"].active_s == stats.active_s
+    finally:
+        _GATE = None
+
+
+class Adder:
+    def add(self, x: int) -> int:
+        return x + 1
+
+
+def _learn_threads(ex: SmartExecutor, fn, n: int = 300) -> None:
+    futures = [ex.submit(fn, i) for i in range(n)]
+    assert [f.result(timeout=30) for f in futures] == [i + 1 for i in range(n)]
+    for i in range(20):  # the figures of the first calls are in by now
+        assert ex.submit(fn, i).result(timeout=30) == i + 1
+    assert ex.explain(fn).backend == "thread", str(ex.explain(fn))
+
+
+def test_a_learned_submit_skips_the_routing_and_still_refuses_after_shutdown():
+    ex = SmartExecutor()
+    try:
+        partial_add = functools.partial(operator.add, 1)
+        _learn_threads(ex, partial_add)
+        assert ex._fast_submits, "a learned callable's submits take the fast path"
+        assert ex.submit(partial_add, 41).result(timeout=30) == 42
+    finally:
+        ex.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(partial_add, 1)
+
+
+def test_the_fast_path_keeps_no_callable_alive():
+    obj = Adder()
+    ref = weakref.ref(obj)
+    with SmartExecutor() as ex:
+        _learn_threads(ex, obj.add)
+        assert ex._fast_submits
+        del obj
+        gc.collect()
+        assert ref() is None
+        assert not ex._fast_submits  # its entry went with it
+
+
+def test_a_verdict_is_stored_and_the_next_run_submits_on_threads_at_once():
+    with SmartExecutor() as ex:
+        [ex.submit(waits, i).result(timeout=30) for i in range(12)]
+        assert ex.explain(waits).backend == "thread"
+    # A new executor, as a script's next run: its first submit runs here, on a
+    # thread, the earlier run's verdict named.
+    with SmartExecutor() as ex:
+        assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
+        decision = ex.explain(waits)
+        assert decision.backend == "thread", str(decision)
+        assert any("earlier run" in r for r in decision.reasons), str(decision)
+        assert ex._fast_submits, "a thread-routed callable's submits take the fast path"
+
+
+def test_a_map_that_moves_a_thread_routed_callable_drops_its_submit_shortcut():
+    with SmartExecutor() as ex:
+        [ex.submit(waits, i).result(timeout=30) for i in range(12)]
+    with SmartExecutor() as ex:
+        assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
+        assert ex._fast_submits
+        key = next(iter(ex._fast_submits))
+        ex._route_next(waits, dataclasses.replace(ex.explain(waits), backend="fork"), "test")
+        assert key not in ex._fast_submits
+        assert ex.submit(waits, 0).result(timeout=30) != os.getpid()
