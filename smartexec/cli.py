@@ -1,4 +1,4 @@
-"""Command line: ``python -m smartexec demo | explain | backends``."""
+"""Command line: ``python -m smartexec demo | explain | backends | cache | --version``."""
 
 from __future__ import annotations
 
@@ -133,12 +133,46 @@ def _backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from . import _profiles
+
+    directory = _profiles.cache_dir()
+    if directory is None:
+        switch = os.environ.get(_profiles.CACHE_ENV)
+        print(
+            f"the profile store is off ({_profiles.CACHE_ENV}={switch})"
+            if switch is not None
+            else f"the profile store is off: no home directory; set {_profiles.CACHE_DIR_ENV}"
+        )
+        return 0
+    if args.clear:
+        removed = _profiles.clear()
+        print(f"removed {removed} profile{'' if removed == 1 else 's'} from {directory}")
+        return 0
+    count = _profiles.entry_count()
+    print(f"{directory}: {count} profile{'' if count == 1 else 's'} of measured callables")
+    return 0
+
+
+def package_version() -> str:
+    """The installed distribution's version, else ``smartexec.__version__`` (a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("smartexec")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     # "smartexec" when run as the console script, "python -m smartexec" otherwise
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     prog = "python -m smartexec" if script in ("", "__main__.py", "-c") else script
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"smartexec {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo", help="run the demo workloads on a source tree (the stdlib by default)"
@@ -158,5 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.set_defaults(run=_explain)
     backends = sub.add_parser("backends", help="list backends and whether each is available")
     backends.set_defaults(run=_backends)
+    cache = sub.add_parser(
+        "cache", help="show where measured profiles are kept across runs, and how many"
+    )
+    cache.add_argument("--clear", action="store_true", help="remove every saved profile")
+    cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
     return int(args.run(args))

@@ -3,20 +3,68 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
 from .executor import SmartExecutor
+from .policy import Decision
 from .progress import ProgressFactory, progress_factory
+from .stats import ExecutorStats
 
-__all__ = ["parallel_map"]
+__all__ = ["MappedFunction", "parallel_map"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
+class MappedFunction(Protocol[T, R]):
+    """What ``@parallel_map`` returns: ``(iterable) -> list``, and its decisions.
+
+    Attributes:
+        __wrapped__: the undecorated per-item function.
+    """
+
+    __wrapped__: Callable[[T], R]
+
+    def __call__(self, items: Iterable[T], /) -> list[R]:
+        """Map the function over ``items``; the results in input order."""
+
+    def explain(self, *args: Any, **kwargs: Any) -> Decision:
+        """Where a call would run now, and why; runs nothing.
+
+        Args:
+            *args: an example item (with ``**kwargs``), whose pickled size
+                is then added to the reasons; none for the decision alone.
+            **kwargs: the example call's keyword arguments.
+
+        Returns:
+            :meth:`SmartExecutor.explain`'s :class:`~smartexec.policy.Decision`
+            for the function, under the decorator's options. It reads what
+            earlier calls measured (the profile store): after a call, its
+            per-item time and the backend it was measured on.
+        """
+
+    def stats(self) -> ExecutorStats:
+        """The last finished call's :meth:`SmartExecutor.stats` (empty before any call).
+
+        Returns:
+            An :class:`~smartexec.stats.ExecutorStats`: per backend, the
+            items, chunks and seconds of that call, and its decisions. A
+            call that raised counts too.
+        """
+
+    def decisions(self) -> tuple[Decision, ...]:
+        """The last finished call's routing decisions, oldest first (``()`` before any call).
+
+        Returns:
+            :meth:`SmartExecutor.decisions` of that call's executor: the
+            policy's decision, then one entry saying what the map ran on.
+        """
+
+
 @overload
-def parallel_map(fn: Callable[[T], R], /) -> Callable[[Iterable[T]], list[R]]: ...
+def parallel_map(fn: Callable[[T], R], /) -> MappedFunction[T, R]: ...
 
 
 @overload
@@ -27,7 +75,8 @@ def parallel_map(
     backend: str | None = None,
     prefer: Literal["threads", "processes"] | None = None,
     progress: bool | ProgressFactory = False,
-) -> Callable[[Callable[[T], R]], Callable[[Iterable[T]], list[R]]]: ...
+    ordered: bool = True,
+) -> Callable[[Callable[[T], R]], MappedFunction[T, R]]: ...
 
 
 def parallel_map(
@@ -39,6 +88,7 @@ def parallel_map(
     backend: str | None = None,
     prefer: Literal["threads", "processes"] | None = None,
     progress: bool | ProgressFactory = False,
+    ordered: bool = True,
 ) -> Any:
     """Decorate a per-item function so that it maps over an iterable in parallel.
 
@@ -48,7 +98,9 @@ def parallel_map(
     ``[fn(x) for x in items]`` would; the first failing item's exception is
     raised, as in that loop. Each call runs on a fresh :class:`SmartExecutor`
     that is shut down before it returns. The undecorated function stays
-    available as ``.__wrapped__``.
+    available as ``.__wrapped__``; ``.explain()`` says where a call would
+    run and why, ``.stats()`` and ``.decisions()`` report the last call
+    (see :class:`MappedFunction`).
 
     Works on module-level and nested functions: a module-level function that
     the decorator replaced under its own name is no longer importable by that
@@ -66,26 +118,70 @@ def parallel_map(
         progress: True for a tqdm bar counting the items of each call, a
             tqdm-like factory for its bars, False for none; as ``progress``
             of :meth:`SmartExecutor.map`.
+        ordered: True for the results in input order; False for the list in
+            the order the items completed (the bar then moves as they
+            complete, not held back by a slow early item); as ``ordered``
+            of :meth:`SmartExecutor.map`.
 
     Returns:
-        The decorated function ``(iterable) -> list``.
+        The decorated function ``(iterable) -> list``, a
+        :class:`MappedFunction` (with ``.explain()``, ``.stats()``,
+        ``.decisions()``).
 
     Raises:
         ImportError: ``progress=True`` and tqdm is not installed (raised when
             decorating): ``pip install 'smartexec[progress]'``.
-        TypeError: ``progress`` is neither a bool nor callable.
+        TypeError: ``progress`` is neither a bool nor callable, or
+            ``ordered`` is not a bool.
     """
     factory = progress_factory(progress)
+    if not isinstance(ordered, bool):
+        raise TypeError(f"ordered must be True or False, got {ordered!r}")
 
-    def decorate(func: Callable[[Any], Any]) -> Callable[[Iterable[Any]], list[Any]]:
+    def decorate(func: Callable[[Any], Any]) -> MappedFunction[Any, Any]:
+        lock = threading.Lock()
+        last = [ExecutorStats({})]  # the last finished call's
+
+        def new_executor() -> SmartExecutor:
+            return SmartExecutor(max_workers, backend=backend, prefer=prefer)
+
         @functools.wraps(func)
         def mapped(items: Iterable[Any]) -> list[Any]:
-            with SmartExecutor(max_workers, backend=backend, prefer=prefer) as executor:
-                return list(
-                    executor.map(func, items, chunksize=chunksize, progress=factory or False)
-                )
+            executor = new_executor()
+            try:
+                with executor:
+                    return list(
+                        executor.map(
+                            func,
+                            items,
+                            chunksize=chunksize,
+                            progress=factory or False,
+                            ordered=ordered,
+                        )
+                    )
+            finally:
+                snapshot = executor.stats()
+                with lock:
+                    last[0] = snapshot
 
-        return mapped
+        def explain(*args: Any, **kwargs: Any) -> Decision:
+            executor = new_executor()
+            try:
+                return executor.explain(func, *args, **kwargs)
+            finally:
+                executor.shutdown()
+
+        def stats() -> ExecutorStats:
+            with lock:
+                return last[0]
+
+        def decisions() -> tuple[Decision, ...]:
+            return tuple(stats().decisions)
+
+        mapped.explain = explain  # type: ignore[attr-defined]
+        mapped.stats = stats  # type: ignore[attr-defined]
+        mapped.decisions = decisions  # type: ignore[attr-defined]
+        return cast(MappedFunction[Any, Any], mapped)
 
     if fn is not None:
         return decorate(fn)

@@ -10,8 +10,8 @@ The bar's total is the input's length when every iterable has one
 (:func:`smartexec._mapping.common_length`), else None (tqdm then shows a
 count and a rate).
 
-The bar moves as results are *taken*, in input order, which is what
-``tqdm(ex.map(...))`` would show; it is closed when the results run out, when
+The bar moves as results are *taken*, in input order (as they complete with
+``ordered=False``), which is what ``tqdm(ex.map(...))`` would show; it is closed when the results run out, when
 an item's exception is raised, and when the iterator is closed early
 (``.close()``, ``break`` out of a ``with contextlib.closing(...)``, garbage
 collection).
@@ -24,10 +24,21 @@ arguments ``total``, ``desc`` and ``unit`` (see :data:`ProgressFactory`).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["ProgressBar", "ProgressFactory", "ProgressIterator", "progress_factory", "track"]
+__all__ = [
+    "ProgressBar",
+    "ProgressFactory",
+    "ProgressIterator",
+    "bar_class",
+    "in_notebook_kernel",
+    "progress_factory",
+    "track",
+]
 
 T = TypeVar("T")
 
@@ -59,9 +70,9 @@ def progress_factory(progress: bool | ProgressFactory | None) -> ProgressFactory
     ``@parallel_map(...)``), so a missing tqdm fails there, before any work.
 
     Args:
-        progress: ``True`` for a tqdm bar (``tqdm.auto.tqdm``: a widget in
-            Jupyter, text elsewhere), ``False`` or None for none, or a
-            tqdm-like :data:`ProgressFactory`.
+        progress: ``True`` for a tqdm bar (see :func:`bar_class`: a widget
+            in a Jupyter kernel with ipywidgets, text elsewhere), ``False``
+            or None for none, or a tqdm-like :data:`ProgressFactory`.
 
     Returns:
         The factory, or None when no bar is wanted.
@@ -75,7 +86,7 @@ def progress_factory(progress: bool | ProgressFactory | None) -> ProgressFactory
         return None
     if progress is True:
         try:
-            from tqdm.auto import tqdm
+            tqdm = bar_class()
         except ImportError as exc:
             raise ImportError(
                 f"progress=True draws a tqdm bar, but tqdm is not installed: {INSTALL_HINT} "
@@ -173,6 +184,67 @@ def track(
             close()
         raise
     return ProgressIterator(results, bar)
+
+
+def in_notebook_kernel() -> bool:
+    """Whether this process is a Jupyter kernel that draws widgets.
+
+    True in the notebook, JupyterLab, VS Code and Colab (an IPython kernel
+    whose shell talks to a front end: ``ipykernel.zmqshell`` is loaded) and
+    in JupyterLite; False in a plain interpreter, the IPython terminal,
+    ``jupyter console``, qtconsole and Spyder, which show text only. The
+    tests that tqdm's ``autonotebook`` makes, without importing anything.
+    """
+    if "IPython.utils._process_emscripten" in sys.modules:  # JupyterLite (pyodide)
+        return True
+    if "ipykernel.zmqshell" not in sys.modules:
+        return False
+    if any(name == "QT_API" or name.startswith("SPYDER") for name in os.environ):
+        return False
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    shell = get_ipython() if callable(get_ipython) else None
+    if shell is None:
+        return False
+    kind = type(shell).__name__.lower()
+    return "qt" not in kind and "spyder" not in kind
+
+
+def bar_class() -> Any:
+    """The tqdm class that ``progress=True`` draws with.
+
+    ``tqdm.notebook.tqdm`` (a widget) inside a Jupyter kernel
+    (:func:`in_notebook_kernel`) where ipywidgets is installed, else
+    ``tqdm.std.tqdm`` (a text bar on stderr, which a notebook shows as
+    text). Chosen here rather than by ``tqdm.auto``, which in a kernel
+    without ipywidgets warns "IProgress not found" (a ``TqdmWarning``) and
+    with them a ``TqdmExperimentalWarning``; this choice warns never.
+
+    Returns:
+        The class.
+
+    Raises:
+        ImportError: tqdm is not installed.
+    """
+    from tqdm.std import tqdm
+
+    if in_notebook_kernel() and _installed("ipywidgets"):
+        try:
+            from tqdm.notebook import IProgress
+            from tqdm.notebook import tqdm as widget
+        except ImportError:  # IPython.display missing, or a broken ipywidgets
+            return tqdm
+        if IProgress is not None:
+            return widget
+    return tqdm
+
+
+def _installed(name: str) -> bool:
+    """Whether ``import name`` would find the package (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: a module without __spec__
+        return False
 
 
 def _without_monitor(tqdm_class: Any) -> Any:

@@ -1,4 +1,4 @@
-"""python -m smartexec demo | explain | backends, run as a user would."""
+"""python -m smartexec demo | explain | backends | cache, run as a user would."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_demo_on_a_small_tree(tmp_path):
     for routed in [
         "sha256_file -> fork",
         "count_ast_nodes -> fork",
-        "make_grep.<locals>.matches -> loky",
+        "make_grep.<locals>.matches -> fork",
         "NgramIndex.rarity -> fork",
     ]:
         assert routed in out
@@ -75,3 +75,46 @@ def test_demo_rejects_a_missing_directory(tmp_path):
     result = run("demo", str(tmp_path / "nope"))
     assert result.returncode == 2
     assert "not a directory" in result.stderr
+
+
+def test_cache_shows_and_clears_the_profile_store(profile_store, monkeypatch):
+    import time
+
+    from smartexec import _profiles as profiles
+
+    profiles.save(len, profiles.StoredProfile("thread", 1e-6, None, 0.0, 10, time.time()))
+    result = run("cache")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{profile_store}: 1 profile of measured callables"
+    result = run("cache", "--clear")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"removed 1 profile from {profile_store}"
+    assert profiles.entry_count() == 0
+    monkeypatch.setenv(profiles.CACHE_ENV, "off")
+    result = run("cache")
+    assert result.returncode == 0
+    assert "profile store is off (SMARTEXEC_CACHE=off)" in result.stdout
+
+
+def test_version_prints_the_package_version():
+    from importlib import metadata
+
+    import smartexec
+
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"smartexec {metadata.version('smartexec')}\n"
+    assert metadata.version("smartexec") == smartexec.__version__
+
+
+def test_version_without_installed_metadata(monkeypatch):
+    from importlib import metadata
+
+    import smartexec
+    from smartexec import cli
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    assert cli.package_version() == smartexec.__version__

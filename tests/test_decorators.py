@@ -45,3 +45,35 @@ def test_nested_function_with_arguments():
 
 def test_accepts_any_iterable():
     assert double(x for x in [1, 2]) == [2, 4]
+
+
+@parallel_map(max_workers=2, backend="thread")
+def tripled(x):
+    return 3 * x
+
+
+def test_exposes_its_decisions_and_the_last_calls_stats():
+    assert tripled.stats().backends == {} and tripled.decisions() == ()
+    assert "no work run yet" in str(tripled.stats())
+    before = tripled.explain()
+    assert before.backend == "thread" and before.profile.name == "tripled"
+    assert "pickle to" in str(tripled.explain(7))  # an example item's size
+
+    assert tripled(range(50)) == [3 * x for x in range(50)]
+    stats = tripled.stats()
+    assert sum(s.items for s in stats.backends.values()) == 50
+    assert tripled.decisions() == stats.decisions
+    assert [d.backend for d in tripled.decisions()][-1] == "thread"
+    assert all(d.profile.name == "tripled" for d in tripled.decisions())
+
+    assert tripled(range(5)) == [0, 3, 6, 9, 12]
+    assert sum(s.items for s in tripled.stats().backends.values()) == 5  # the last call only
+
+
+def test_a_failed_call_still_reports():
+    before = checked.stats()
+    with pytest.raises(KeyError):
+        checked(range(10))
+    assert checked.stats() is not before
+    assert checked.decisions()
+    assert sum(s.items for s in checked.stats().backends.values()) >= 1

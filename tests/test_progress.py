@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import io
 import itertools
+import os
 import sys
 
 import pytest
@@ -180,8 +181,13 @@ def test_progress_true_makes_a_tqdm_bar():
 
 
 def test_progress_true_without_tqdm_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now fails
-    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    for name in [
+        "tqdm",
+        "tqdm.auto",
+        "tqdm.std",
+        *(m for m in sys.modules if m.startswith("tqdm.")),
+    ]:
+        monkeypatch.setitem(sys.modules, name, None)  # import tqdm (or tqdm.x) now fails
     with pytest.raises(ImportError, match=r"pip install 'smartexec\[progress\]'"):
         SmartExecutor(progress=True)
     with SmartExecutor(backend="inline") as ex:
@@ -212,3 +218,137 @@ def test_progress_true_without_tqdm_names_the_extra(monkeypatch):
 def test_progress_of_the_wrong_type_is_a_type_error(bad):
     with pytest.raises(TypeError, match="progress must be"):
         SmartExecutor(progress=bad)
+
+
+class ZMQInteractiveShell:
+    """Named as the shell of a Jupyter kernel is."""
+
+
+class TerminalInteractiveShell:
+    """Named as the IPython terminal's shell is."""
+
+
+def in_kernel(monkeypatch, shell=ZMQInteractiveShell):
+    """Make this process look like a Jupyter kernel (what tqdm and smartexec test for)."""
+    import types
+
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: shell()
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setitem(sys.modules, "ipykernel.zmqshell", types.ModuleType("ipykernel.zmqshell"))
+    for name in list(os.environ):
+        if name == "QT_API" or name.startswith("SPYDER"):
+            monkeypatch.delenv(name)
+
+
+def test_a_plain_interpreter_is_no_notebook():
+    from smartexec.progress import in_notebook_kernel
+
+    assert not in_notebook_kernel()
+
+
+def test_a_jupyter_kernel_is_a_notebook(monkeypatch):
+    from smartexec.progress import in_notebook_kernel
+
+    in_kernel(monkeypatch)
+    assert in_notebook_kernel()
+    monkeypatch.setenv("QT_API", "pyqt5")  # qtconsole: text only
+    assert not in_notebook_kernel()
+
+
+def test_the_ipython_terminal_is_no_notebook(monkeypatch):
+    from smartexec.progress import in_notebook_kernel
+
+    in_kernel(monkeypatch, TerminalInteractiveShell)
+    monkeypatch.delitem(sys.modules, "ipykernel.zmqshell")
+    assert not in_notebook_kernel()
+    in_kernel(monkeypatch, type("ZMQTerminalQtShell", (), {}))
+    assert not in_notebook_kernel()
+
+
+def test_outside_a_notebook_the_bar_is_text(monkeypatch):
+    from tqdm.std import tqdm as text_bar
+
+    from smartexec import progress
+
+    assert progress.bar_class() is text_bar
+    monkeypatch.setattr(progress, "in_notebook_kernel", lambda: True)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # not installed
+    assert progress.bar_class() is text_bar
+
+
+def test_a_notebook_with_ipywidgets_gets_the_widget(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("IPython.display")
+    from tqdm.notebook import tqdm as widget
+
+    from smartexec import progress
+
+    monkeypatch.setattr(progress, "in_notebook_kernel", lambda: True)
+    assert progress.bar_class() is widget
+    assert issubclass(progress_factory(True), widget)
+
+
+def test_a_notebook_without_ipywidgets_gets_text_and_no_warning(monkeypatch):
+    import warnings
+
+    from tqdm.std import tqdm as text_bar
+
+    in_kernel(monkeypatch)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # not installed
+    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # chosen anew
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        factory = progress_factory(True)
+    assert [str(w.message) for w in caught] == []  # tqdm.auto: "IProgress not found ..."
+    assert issubclass(factory, text_bar)
+    bar = factory(total=2, desc="x", unit="item", file=io.StringIO())
+    bar.update(2)
+    bar.close()
+
+
+def run_in_kernel(client, code):
+    """Run ``code`` in a Jupyter kernel; its stdout and stderr, and the kinds of displays it sent."""
+    msg_id = client.execute(code)
+    text, shown = [], []
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            text.append(content["text"])
+        elif kind == "display_data":
+            shown.extend(content["data"])
+        elif kind == "error":
+            raise AssertionError(f"{content['ename']}: {content['evalue']}")
+        elif kind == "status" and content["execution_state"] == "idle":
+            return "".join(text), shown
+
+
+@pytest.mark.timeout(120)
+def test_in_a_real_kernel_the_widget_or_a_text_bar_and_no_warning():
+    manager = pytest.importorskip("jupyter_client.manager")
+    pytest.importorskip("ipykernel")
+    pytest.importorskip("ipywidgets")
+    kernel, client = manager.start_new_kernel(kernel_name="python3")
+    try:
+        setup = "import warnings; warnings.simplefilter('always')\n"
+        a_map = (
+            "from smartexec import SmartExecutor\n"
+            "with SmartExecutor(backend='thread', progress=True) as ex:\n"
+            "    print(sum(ex.map(abs, range(100))))\n"
+        )
+        text, shown = run_in_kernel(client, setup + a_map)
+        assert "4950" in text and "IProgress" not in text
+        assert "application/vnd.jupyter.widget-view+json" in shown  # the widget
+        hide = "import sys; sys.modules['ipywidgets'] = None\n"
+        for name in ("tqdm.notebook", "tqdm.auto", "tqdm.autonotebook"):
+            hide += f"sys.modules.pop({name!r}, None)\n"
+        text, shown = run_in_kernel(client, hide + a_map)
+        assert "100/100" in text and "IProgress" not in text  # a text bar, no warning
+        assert shown == []
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)
