@@ -107,9 +107,14 @@ class ThreadCap:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._active = 0
+        # One token per chunk running: list.append and list.pop are atomic,
+        # so counting takes no lock. Thousands of tiny calls on six threads
+        # queued behind a lock held by a thread the GIL had switched out
+        # (submit on threads ran at 1.5x a ThreadPoolExecutor's cost).
+        self._tokens: list[None] = []
         self._cpus = 1
         self._saved: list[tuple[Any, int]] | None = None  # (pool, threads before)
+        self._applied: int | None = None  # the cap last set on the pools
 
     def running(self, cpus: int) -> _Running:
         """A context manager for one chunk, on a host with ``cpus`` CPUs (int >= 1)."""
@@ -118,20 +123,37 @@ class ThreadCap:
     @property
     def active(self) -> int:
         """Chunks running on threads now."""
-        return self._active
+        return len(self._tokens)
 
-    def _enter(self, cpus: int) -> None:
-        with self._lock:
-            self._active += 1
-            self._cpus = max(1, cpus)
-            if self._active > 1 or self._saved is not None:
-                self._apply()
+    @property
+    def _active(self) -> int:
+        return len(self._tokens)
 
-    def _exit(self) -> None:
-        with self._lock:
-            self._active -= 1
-            if self._saved is not None:
-                self._apply()
+    def enter(self, cpus: int) -> None:
+        """One chunk (or call) starts on a thread, on a host with ``cpus`` CPUs; see :meth:`running`."""
+        tokens = self._tokens
+        tokens.append(None)
+        if "numpy" not in sys.modules:
+            return  # no BLAS pool to cap
+        if len(tokens) > 1 or self._saved is not None:
+            cpus = max(1, cpus)
+            if self._saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
+                with self._lock:
+                    self._cpus = cpus
+                    self._apply()
+
+    def exit(self) -> None:
+        """The chunk (or call) of an :meth:`enter` ended."""
+        self._tokens.pop()
+        if self._saved is not None and (
+            not self._tokens or self._cap_now(self._cpus) != self._applied
+        ):
+            with self._lock:
+                if self._saved is not None:
+                    self._apply()
+
+    def _cap_now(self, cpus: int) -> int:
+        return max(1, cpus // max(1, len(self._tokens)))
 
     def _apply(self) -> None:
         if self._saved is None:
@@ -145,11 +167,14 @@ class ThreadCap:
                 return
             self._saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
         if self._active <= 0:
-            saved, self._saved = self._saved, None
+            saved, self._saved, self._applied = self._saved, None, None
             for pool, threads in saved:
                 _set_threads(pool, threads)
             return
         cap = max(1, self._cpus // self._active)
+        if cap == self._applied:
+            return  # as set: thousands of short calls change nothing (no library call)
+        self._applied = cap
         for pool, threads in self._saved:
             _set_threads(pool, min(threads, cap))
 
@@ -179,10 +204,10 @@ class _Running:
         self.cpus = cpus
 
     def __enter__(self) -> None:
-        self.cap._enter(self.cpus)
+        self.cap.enter(self.cpus)
 
     def __exit__(self, *exc: object) -> None:
-        self.cap._exit()
+        self.cap.exit()
 
 
 #: The process's one :class:`ThreadCap` (limits are process-wide).

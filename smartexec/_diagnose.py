@@ -101,8 +101,8 @@ def is_pickling_failure(exc: BaseException) -> bool:
 
     Recognises ``pickle.PicklingError`` and the ``TypeError`` /
     ``AttributeError`` messages pickle raises (``cannot pickle '...' object``,
-    ``Can't pickle local object``), also as the ``__cause__`` of loky's
-    wrapper error.
+    ``Can't pickle local object``; Python 3.13's ``Can't get local object``),
+    also as the ``__cause__`` of loky's wrapper error.
     """
     import pickle
 
@@ -112,7 +112,7 @@ def is_pickling_failure(exc: BaseException) -> bool:
             return True
         text = str(exc).lower()
         if isinstance(exc, (TypeError, AttributeError)) and (
-            "pickle" in text or "serializ" in text
+            "pickle" in text or "serializ" in text or "local object" in text
         ):
             return True
         exc = exc.__cause__  # type: ignore[assignment]

@@ -12,9 +12,11 @@ import atexit
 import collections
 import dataclasses
 import difflib
+import functools
 import inspect
 import itertools
 import multiprocessing
+import signal
 import threading
 import time
 import warnings
@@ -24,7 +26,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal, TypeVar
 
-from . import _initializer
+from . import _initializer, _profiles, _threads
 from ._diagnose import is_pickling_failure, pickling_error
 from ._futures import ChainedFuture
 from ._identity import WeakCallable, identity_key
@@ -33,6 +35,9 @@ from ._mapping import (
     TINY_ITEM_S,
     ChunkStream,
     InlineRun,
+    InlineStream,
+    Relay,
+    SendableChain,
     as_generator,
     common_length,
     count_at_end,
@@ -45,6 +50,8 @@ from ._mapping import (
     then_raise,
 )
 from ._remote import Call, ChunkResult
+from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
+from ._submit_learning import Learned, SubmitLearner
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import (
@@ -84,6 +91,11 @@ __all__ = ["SmartExecutor"]
 
 T = TypeVar("T")
 
+#: The keyword arguments of every call of a map: one shared empty dict (a
+#: call unpacks it, ``fn(*args, **kwargs)``, so it is never handed out), and
+#: a chunk's pickle memoizes it instead of writing one dict per item.
+_NO_KWARGS: dict[str, Any] = {}
+
 #: Most decisions kept for :meth:`SmartExecutor.decisions`.
 DECISION_LOG_SIZE = 1000
 
@@ -98,6 +110,27 @@ def _mark_interpreter_exit() -> None:
 # Runs before atexit handlers, as concurrent.futures' own hook does: from then
 # on nothing may start workers (their exit hooks could no longer run).
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
+
+
+def _earlier(fn: Callable[..., Any]) -> tuple[GilProfile | None, _profiles.StoredProfile | None]:
+    """``fn``'s GIL measurement in this process, else the profile an earlier run saved.
+
+    Fresh evidence wins: a measurement made in this process is used as it
+    is, and no stored profile is read for it.
+    """
+    measured = recall(fn)
+    if measured is not None:
+        return measured, None
+    stored = _profiles.load(fn)
+    return (None, None) if stored is None else (stored.gil, stored)
+
+
+def _from_earlier_run(decision: Decision, stored: _profiles.StoredProfile | None) -> Decision:
+    """``decision`` with a reason saying it starts from ``stored``, when there is one."""
+    if stored is None:
+        return decision
+    reason = _profiles.earlier_run_reason(stored)
+    return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
 
 
 def _require_int(name: str, value: Any, what: str) -> None:
@@ -150,18 +183,33 @@ def _send(
     return future
 
 
-def _other_threads() -> int:
-    """Threads running besides the calling one and smartexec's pausable own.
+def _factory(name: str) -> type[Backend]:
+    """The class registered as backend ``name`` (its class-level figures)."""
+    return get_backend_class(name)  # type: ignore[return-value]
 
-    Ours are named ``smartexec-*`` (paused or released around a fork). loky's
-    threads count: they cannot be paused, and a fork would copy their locks.
+
+#: Seconds routing waits, at most, for busy library threads to go back to their
+#: wait (IPython's history thread writes after each cell), so that the route
+#: does not depend on the instant it was decided.
+ROUTE_SETTLE_S = 0.05
+
+def _other_threads() -> int:
+    """The user's threads running besides the calling one (see :mod:`smartexec._threads`).
+
+    smartexec's own (named ``smartexec-*``, paused or released around a fork)
+    do not count, nor library threads found idle in a known wait (joblib's
+    and loky's, tqdm's monitor, a Jupyter kernel's): forking cannot copy a
+    lock they hold.
     """
-    current = threading.current_thread()
-    return sum(
-        1
-        for thread in threading.enumerate()
-        if thread is not current and not thread.name.startswith("smartexec-")
-    )
+    return len(_threads.census().running)
+
+
+def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Decision:
+    """``decision`` with a reason naming the library threads left out, when it forks."""
+    reason = found.reason()
+    if reason is None or decision.backend != "fork" or found.running:
+        return decision
+    return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
 
 
 def _chunk_timeout(
@@ -273,6 +321,24 @@ def _start_method(mp_context: Any) -> str | None:
     return str(method)
 
 
+def _start_method_note(factory: Callable[..., Backend]) -> str | None:
+    """How ``factory``'s worker processes start, for explain(); None without processes."""
+    method = getattr(factory, "start_method", None)
+    if method == "fork":
+        return (
+            "fork workers (start method: fork, asked for by name whatever multiprocessing's "
+            "default is: forkserver on Linux from Python 3.14)"
+        )
+    if method == "loky":
+        return (
+            "loky workers (start method: loky's own fork+exec, a fresh interpreter as with "
+            "spawn; the callable travels by cloudpickle)"
+        )
+    if method is not None:
+        return f"{getattr(factory, 'name', '')} workers (start method: {method})"
+    return None
+
+
 class _CallFuture(ChainedFuture):
     """The future ``submit`` returns; completed from its one-call chunk.
 
@@ -286,6 +352,8 @@ class _CallFuture(ChainedFuture):
         backend: the backend's name.
         resend: sends the call again (a retry after a worker died).
         retries: times to retry, at most.
+        learn: called with the call's chunk result when it completed (the
+            worker's figures feed :mod:`smartexec._submit_learning`), or None.
     """
 
     def __init__(
@@ -296,11 +364,13 @@ class _CallFuture(ChainedFuture):
         backend: str = "",
         resend: Callable[[], Future[ChunkResult]] | None = None,
         retries: int = 0,
+        learn: Callable[[ChunkResult], None] | None = None,
     ):
         super().__init__(inner)
         self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
         self._resend = resend
         self._retries = retries
+        self._learn = learn
         if inner is not None:
             inner.add_done_callback(self._transfer)
 
@@ -339,7 +409,16 @@ class _CallFuture(ChainedFuture):
                 error = pickling_error(fn, [call], error, backend)
             self.set_exception(error)
             return
-        ok, value = inner.result().outcomes[0]
+        result = inner.result()
+        learn, self._learn = self._learn, None
+        if learn is not None:
+            # Before the result is set: a caller that saw it routes the next
+            # submit with this call's figures.
+            try:
+                learn(result)
+            except Exception:  # pragma: no cover - figures are advice, never an error
+                pass
+        ok, value = result.outcomes[0]
         if ok:
             self.set_result(value)
         else:
@@ -350,7 +429,9 @@ class SmartExecutor(Executor):
     """An executor that picks threads, fork workers, loky workers or inline per callable.
 
     Mirrors ``concurrent.futures.Executor``: ``submit``, ``map``,
-    ``shutdown`` and the context-manager protocol behave as in the stdlib, so
+    ``shutdown`` and the context-manager protocol behave as in the stdlib
+    (Python 3.14's ``map(buffersize=)``, ``terminate_workers()`` and
+    ``kill_workers()`` included, on every supported Python), so
     it works wherever an executor is expected (``loop.run_in_executor``,
     ``concurrent.futures.wait`` / ``as_completed``).
 
@@ -551,6 +632,24 @@ class SmartExecutor(Executor):
         self._backends: dict[str, Backend] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
+        # Completed submits' figures (smartexec._submit_learning) move later
+        # submits to threads only where the route to processes is the
+        # policy's guess, not the user's choice or the callable's state.
+        self._learner = SubmitLearner()
+        self._learns = (
+            backend is None
+            and prefer is None
+            and initializer is None
+            and task_timeout is None
+            and self._max_tasks_per_child is None
+        )
+        self._learned_decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
+        # Submits moved to threads by their figures, taken without the lock:
+        # identity key -> (handle, verdict, backend.submit_call, stats recorder).
+        self._fast_submits: dict[
+            Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any]
+        ] = {}
+        self._call_recorders: dict[str, Any] = {}
         self._stats = StatsRecorder()
         # Dropped without shutdown(): let the backends go when this object
         # dies, as the stdlib executors do (the callback holds no reference to self).
@@ -624,10 +723,12 @@ class SmartExecutor(Executor):
 
     def _broken_error(self) -> BaseException | None:
         """The error of a backend that can run nothing any more (an initializer failed)."""
-        for backend in list(self._backends.values()):
-            error = getattr(backend, "broken", None)
+        for backend in tuple(self._backends.values()):
+            if not hasattr(type(backend), "broken"):
+                continue  # cannot break (read on each submit: no instance lookup)
+            error = backend.broken
             if error is not None:
-                return error  # type: ignore[no-any-return]
+                return error
         return None
 
     @property
@@ -656,24 +757,49 @@ class SmartExecutor(Executor):
         :func:`smartexec.policy.decide`'s ``other_threads``).
         """
         key = identity_key(fn)
-        threads = _other_threads()
         cached = self._decisions.get(key)
+        if cached is not None and cached[0].matches(fn):
+            decision, estimate = cached[1], cached[2]
+            if decision.backend == "thread" and not (
+                self._options.initializer or self._options.stoppable
+            ):
+                # Other threads only ever move work off fork (or, with an
+                # initializer or a task_timeout, onto it): not worth looking
+                # at them at every submit (2-13 us).
+                return decision, estimate
+        found = _threads.census()
+        if found.running and not self._decided_with_threads.get(key, False):
+            # Busy library threads only: wait a moment before routing off fork.
+            found = _threads.census(ROUTE_SETTLE_S)
+        threads = len(found.running)
         if cached is not None and cached[0].matches(fn):
             decision, estimate = cached[1], cached[2]
             if (threads > 0) == self._decided_with_threads.get(key, False):
                 return decision, estimate
             assert decision.profile is not None
-            decision = decide(decision.profile, self._platform, self._options, recall(fn), threads)
+            measured, stored = _earlier(fn)
+            decision = decide(decision.profile, self._platform, self._options, measured, threads)
+            decision = _from_earlier_run(decision, stored)
+            decision = _with_thread_census(decision, found)
             self._decisions[key] = (cached[0], decision, estimate)
             self._decided_with_threads[key] = threads > 0
             self._log.append(decision)
             return decision, estimate
-        decision = decide(inspect_callable(fn), self._platform, self._options, recall(fn), threads)
+        measured, stored = _earlier(fn)
+        decision = decide(inspect_callable(fn), self._platform, self._options, measured, threads)
+        decision = _from_earlier_run(decision, stored)
         if INITIALIZER_BY_VALUE in decision.reasons:
             warnings.warn(
                 f"{callable_name(fn)}: {INITIALIZER_BY_VALUE}", RuntimeWarning, stacklevel=3
             )
         estimate = Estimate()
+        if stored is not None:
+            # A starting point only: the first chunks' figures move it (and
+            # the GIL is watched again where this route measures it).
+            estimate.seed(stored.per_item_s, stored.items, stored.send_s)
+            estimate.loop_here = stored.backend == "inline"
+            decision = self._where_it_ended(decision, stored)
+        decision = _with_thread_census(decision, found)
         decisions = self._decisions  # the weakref callback must not hold self
         with_threads = self._decided_with_threads
 
@@ -687,6 +813,56 @@ class SmartExecutor(Executor):
             with_threads[key] = threads > 0
         self._log.append(decision)
         return decision, estimate
+
+    def _where_it_ended(self, decision: Decision, stored: _profiles.StoredProfile) -> Decision:
+        """Start where an earlier run's last map ended, when that was in this process.
+
+        The policy reads the stored GIL kind; a callable that held the GIL
+        but was measured too cheap to send to processes ended on threads or
+        in a loop: starting on processes again would only move again.
+        """
+        if (
+            decision.share
+            or self._options.backend is not None
+            or self._options.prefer is not None
+            or self._initializer is not None
+            or self._task_timeout is not None
+        ):
+            return decision
+        if stored.backend in ("thread", "inline") and decision.backend in ("fork", "loky"):
+            return dataclasses.replace(
+                decision,
+                backend="thread",
+                reasons=(
+                    *decision.reasons,
+                    f"the earlier run's last map ended on {stored.backend} (measured too "
+                    f"cheap to send to processes): this one starts on threads",
+                ),
+            )
+        if stored.backend in ("fork", "loky") and decision.backend == "thread":
+            # Its kind says threads, but its last map stayed on (or moved to)
+            # processes on the figures: start there, or runs would alternate.
+            assert decision.profile is not None
+            holds = GilProfile("holds", stored.items, 0.0, 1.0, 1.0, 0)
+            target = decide(
+                decision.profile, self._platform, self._options, holds, _other_threads()
+            )
+            if target.backend in ("fork", "loky") and not target.share:
+                # The threads reasons do not hold for this route, nor do the
+                # "holds" figures the target was decided with (none measured).
+                kept = [r for r in target.reasons[1:] if not r.startswith("measured over")]
+                return dataclasses.replace(
+                    target,
+                    gil=decision.gil,
+                    reasons=(
+                        decision.reasons[0],
+                        f"the earlier run's last map ended on {stored.backend} on its "
+                        f"measured times (its GIL figures alone would send it to threads): "
+                        f"this one starts on {target.backend}",
+                        *kept,
+                    ),
+                )
+        return decision
 
     def _with_timeout(self, decision: Decision, task_timeout: float | None) -> Decision:
         """Move a decision to a backend that can time out one task, if needed.
@@ -746,11 +922,15 @@ class SmartExecutor(Executor):
         """
         decision, estimate = self._route(fn)
         decision = self._with_timeout(decision, self._task_timeout)
+        decision = self._submit_decision(fn, decision)[0]
         with self._lock:
             running = self._backends.get(decision.backend)
         notes = list(running.describe(fn)) if running is not None else []
+        started_by = _start_method_note(get_backend_class(decision.backend))
+        if started_by is not None:
+            notes.insert(0, started_by)
         if estimate.per_item_s is not None:
-            notes.append(f"measured so far: {estimate!r}")
+            notes.append(f"measured so far: {estimate}")
         if estimate.last_map is not None:
             notes.append(
                 f"its last map ran on {estimate.last_map.backend}: {estimate.last_map.reasons[0]}"
@@ -818,22 +998,131 @@ class SmartExecutor(Executor):
 
     # -- the Executor contract ---------------------------------------------------
 
+    def _submit_decision(self, fn: Callable[..., Any], decision: Decision) -> tuple[Decision, bool]:
+        """``decision`` for a submit of ``fn``, moved to threads where its submits' figures say so.
+
+        Returns:
+            The decision, and whether this call's figures are to be learned
+            from (a process route that completed submits may still move).
+        """
+        if not self._learns or decision.share or decision.backend not in ("fork", "loky"):
+            return decision, False
+        learned = self._learner.verdict(fn)
+        if learned is None:
+            return decision, True
+        key = identity_key(fn)
+        cached = self._learned_decisions.get(key)
+        if cached is not None and cached[0] is learned and cached[1] is decision:
+            return cached[2], False
+        moved = dataclasses.replace(
+            decision,
+            backend="thread",
+            share=False,
+            measure=False,
+            reasons=(learned.reason(), *decision.reasons),
+        )
+        self._learned_decisions[key] = (learned, decision, moved)
+        self._log.append(moved)
+        # A script's next run starts its submits (and maps) on threads, as a
+        # map's stored profile does; a map re-checks it on its first chunks.
+        _profiles.save(
+            fn,
+            _profiles.StoredProfile(
+                "thread", learned.compute_s, None, learned.send_s, learned.calls, time.time()
+            ),
+        )
+        return moved, False
+
+    def _learn_from(
+        self, fn: Callable[..., Any], result: ChunkResult, send_s: float, backend: str
+    ) -> None:
+        """Record a completed submit's figures (the next submit applies a verdict, and logs it)."""
+        self._learner.record(fn, result, send_s, backend)
+
+    def _remember_fast_submit(
+        self, fn: Callable[..., Any], run_call: Callable[..., Any], record: Any, learned: bool
+    ) -> None:
+        """Let ``fn``'s next submits skip the routing: it runs on threads for good, or until a map says otherwise.
+
+        Either its submits' figures moved it to threads (a verdict stands for
+        the callable's life), or its decision is the thread route (the
+        policy's, or an earlier run's stored profile); a map that then moves
+        it elsewhere drops the shortcut (:meth:`_route_next`). Only while no
+        initializer is set (a failed one breaks the executor, which submit
+        must then report as the stdlib does) and no ``task_timeout`` (threads
+        then run chunks with a deadline). Hold the lock.
+        """
+        if self._initializer is not None or self._task_timeout is not None:
+            return
+        key = identity_key(fn)
+        verdict = self._learner.verdict(fn, key) if learned else None
+        if learned and verdict is None:
+            return
+        fast = self._fast_submits  # the weakref callback must not hold self
+        handle = WeakCallable(fn, lambda: fast.pop(key, None))
+        if handle.weak:  # never keep the user's object alive
+            fast[key] = (handle, verdict, run_call, record)
+
+    def _learned_route(self, fn: Callable[..., Any]) -> Decision | None:
+        """The threads decision made for ``fn`` from its submits' figures, or None.
+
+        A verdict stands whatever other threads run: it moved ``fn`` off
+        fork or loky, and other threads only choose between those two.
+        """
+        key = identity_key(fn)
+        cached = self._learned_decisions.get(key)
+        if cached is None or cached[0] is not self._learner.verdict(fn, key):
+            return None
+        return cached[2]
+
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        fast = self._fast_submits.get(identity_key(fn)) if self._fast_submits else None
+        if fast is not None and not self._shutdown and fast[0].matches(fn):
+            # Moved to threads by its submits' figures (a verdict stands for
+            # the callable's life): no lock of ours and no routing, nearly as
+            # cheap as a ThreadPoolExecutor's submit (the backend raises
+            # RuntimeError once shut down).
+            return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
             _check_open(self)
-            decision, _ = self._route(fn)
+            moved = self._learned_route(fn) if self._learns else None
+            if moved is not None:
+                decision, learning = moved, False
+            else:
+                decision, _ = self._route(fn)
+                decision = self._with_timeout(decision, self._task_timeout)
+                decision, learning = self._submit_decision(fn, decision)
             backend = self._backend(decision.backend)
-            decision = self._with_timeout(decision, self._task_timeout)
-            backend = self._backend(decision.backend)
-            call: Call = (args, kwargs)
             timeout_s = self._task_timeout
+            run_call = getattr(backend, "submit_call", None) if timeout_s is None else None
+            if run_call is not None:
+                # The thread route: the pool's own future is the caller's, as
+                # from a ThreadPoolExecutor (no chunk, no chain).
+                record = self._call_recorders.get(backend.name)
+                if record is None:
+                    record = self._stats.call_recorder(backend.name, backend.max_workers)
+                    self._call_recorders[backend.name] = record
+                future: Future[T] = run_call(fn, args, kwargs, record)
+                self._started.add(backend.name)
+                self._remember_fast_submit(fn, run_call, record, moved is not None)
+                return future
+            call: Call = (args, kwargs)
             try:
                 target = backend.prepare_call(fn, decision.share)
 
                 def send() -> Future[ChunkResult]:
                     return _send(backend, target, [call], None, timeout_s, self._stats)
 
+                start = time.perf_counter()
                 inner = send()
+                learn: Callable[[ChunkResult], None] | None = None
+                if learning:
+                    learn = functools.partial(
+                        self._learn_from,
+                        fn,
+                        send_s=time.perf_counter() - start,
+                        backend=backend.name,
+                    )
             except Exception as exc:
                 # As the stdlib: a call that cannot be sent fails its future,
                 # submit() itself does not raise (the built-in process
@@ -848,7 +1137,7 @@ class SmartExecutor(Executor):
                 failed.set_exception(error)
                 return failed
             self._started.add(backend.name)
-        return _CallFuture(inner, fn, call, backend.name, send, self._max_retries)
+        return _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
 
     submit.__doc__ = (
         (Executor.submit.__doc__ or "")
@@ -868,6 +1157,88 @@ class SmartExecutor(Executor):
         """
     )
 
+    async def run_async(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` run by this executor, from asyncio code.
+
+        ``await ex.run_async(fn, *args, **kwargs)`` is
+        ``await loop.run_in_executor(ex, fn, *args)`` with keyword arguments
+        (no ``functools.partial``): the call goes through :meth:`submit`, so
+        it is routed as a submit is (and a process route learns from its
+        calls). The call starts when the coroutine does; gather or wrap them
+        in tasks to run several at once. asyncio's default executor cannot be
+        a SmartExecutor (``loop.set_default_executor`` takes only a
+        ``ThreadPoolExecutor``); see ``docs/faq.md``.
+
+        Args:
+            fn: the callable, as for :meth:`submit`.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            asyncio.CancelledError: the awaiting task was cancelled; the call
+                is cancelled too and never runs if no worker has taken it
+                yet (one already running runs on, as in ``concurrent.futures``).
+            RuntimeError: the executor was shut down, or no event loop runs
+                in this thread; or ``fn`` raised ``StopIteration``, which a
+                coroutine cannot raise (it is the ``__cause__``).
+            BaseException: whatever ``fn`` raised, unchanged (on a process
+                backend, the unpickled copy ``Future.result()`` gives).
+        """
+        from . import _awaiting  # asyncio only for those who await (17 ms of import)
+
+        return await _awaiting.run_async(functools.partial(self.submit, fn, *args, **kwargs))
+
+    def _chunk_sender(
+        self, fn: Callable[..., Any], runner: Callable[[Decision], Callable[..., Any]]
+    ) -> tuple[Decision, Callable[[list[Call]], Future[ChunkResult]]]:
+        """Route ``fn`` as :meth:`submit` does; return a sender of chunks of its runner.
+
+        For adapters whose unit of work is their own batch of calls to ``fn``
+        (:mod:`smartexec.joblib`): ``runner(decision)`` makes what the
+        workers call, a callable whose state is ``fn`` or less (plus small
+        settings), so ``fn``'s decision (backend, sharing by copy-on-write)
+        holds for it. It is prepared once, as for one ``map``: every chunk
+        sent sees ``fn``'s state as it was at the first.
+
+        Returns:
+            The decision, and ``send(calls)``: one chunk of ``runner`` over
+            ``calls`` (``(args, kwargs)`` pairs), a future of its
+            :class:`~smartexec._remote.ChunkResult`; a chunk that cannot be
+            pickled fails that future with a
+            :class:`~smartexec.errors.PayloadPicklingError`.
+
+        Raises:
+            RuntimeError: after :meth:`shutdown`.
+            concurrent.futures.BrokenExecutor: a backend is broken (its
+                initializer failed).
+        """
+        with self._lock:
+            _check_open(self)
+            decision, _ = self._route(fn)
+            backend = self._backend(decision.backend)
+            target = backend.prepare(runner(decision), decision.share)
+            self._started.add(backend.name)
+        stats = self._stats
+
+        def send(calls: list[Call]) -> Future[ChunkResult]:
+            try:
+                return _send(backend, target, calls, None, None, stats)
+            except Exception as exc:
+                if not is_pickling_failure(exc):
+                    raise
+                error = exc
+                if not isinstance(exc, PayloadPicklingError):
+                    error = pickling_error(fn, calls, exc, backend.name)
+                    error.__cause__ = exc
+                failed: Future[ChunkResult] = Future()
+                failed.set_exception(error)
+                return failed
+
+        return decision, send
+
     def map(
         self,
         fn: Callable[..., T],
@@ -877,9 +1248,15 @@ class SmartExecutor(Executor):
         buffersize: int | None = None,
         task_timeout: float | None = None,
         progress: bool | ProgressFactory | None = None,
+        ordered: bool = True,
     ) -> Generator[T, None, None]:
+        if not isinstance(ordered, bool):
+            raise TypeError(
+                f"ordered must be True (results in input order) or False (as they "
+                f"complete), got {ordered!r} ({type(ordered).__qualname__})"
+            )
         factory = self._progress if progress is None else progress_factory(progress)
-        results = self._map(fn, iterables, timeout, chunksize, buffersize, task_timeout)
+        results = self._map(fn, iterables, timeout, chunksize, buffersize, task_timeout, ordered)
         if factory is not None:
             total = common_length(iterables)
             results = track(results, factory, total=total, desc=callable_name(fn))
@@ -893,15 +1270,19 @@ class SmartExecutor(Executor):
         chunksize: int | None,
         buffersize: int | None,
         task_timeout: float | None,
+        ordered: bool = True,
     ) -> Iterator[T]:
         """:meth:`map`'s work: the iterator of results (not always a generator)."""
-        for name, value in (("chunksize", chunksize), ("buffersize", buffersize)):
-            if value is not None:
-                _require_int(name, value, "an int or None")
+        if chunksize is not None:
+            _require_int("chunksize", chunksize, "an int or None")
+        if buffersize is not None:
+            # Python 3.14's words, so code that matches them keeps working; a
+            # bool is refused (3.14 takes True as 1), as for chunksize.
+            _require_int("buffersize", buffersize, "an integer or None")
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:
-            raise ValueError("buffersize must be None or > 0.")
+            raise ValueError(f"buffersize must be None or > 0, got {buffersize}")
         task_timeout = _check_task_timeout(task_timeout)
         if task_timeout is None:
             task_timeout = self._task_timeout
@@ -918,6 +1299,32 @@ class SmartExecutor(Executor):
             if initialize is not None:
                 initialize()  # backend="inline" runs the initializer in this thread
             return lazy_inline(fn, inputs, self._stats.inline)
+        # Its last map moved to a loop here (measured too cheap to send, and
+        # threads gained nothing): start there, in C-level batches re-checked
+        # as they go, with no thread started nor items sent to find it again.
+        loop_here = (
+            estimate.loop_here
+            and backend.shares_memory
+            and chunksize is None
+            and timeout is None
+            and self._options.backend is None
+            and self._options.prefer is None
+            and task_timeout is None
+            and not decision.share
+            and self._initializer is None
+        )
+        if (
+            not self._allow_inline
+            and not loop_here
+            and chunksize is None
+            and self._options.backend is None
+            and task_timeout is None
+            and not decision.share
+            and self._initializer is None
+        ):
+            return self._routed_map(
+                fn, decision, estimate, backend, inputs, remaining, buffersize, end_time, ordered
+            )
 
         # Callables shared by copy-on-write never run here: their writes to
         # their own state must stay in the workers, for every item alike.
@@ -948,12 +1355,10 @@ class SmartExecutor(Executor):
             and task_timeout is None
             and not decision.share
             and self._initializer is None
-            and (gil_check or not backend.shares_memory or parallel_already)
+            and (gil_check or not backend.shares_memory or parallel_already or loop_here)
         )
 
-        def open_stream(
-            rest: Iterator[tuple[Any, ...]], left: int | None, measure_first: bool = False
-        ) -> ChunkStream:
+        def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
             return self._open_stream(
                 fn,
                 decision,
@@ -965,23 +1370,8 @@ class SmartExecutor(Executor):
                 buffersize,
                 end_time,
                 task_timeout,
-                measure_first,
             )
 
-        if auto and not inline_ok:
-            stream = open_stream(inputs, remaining, measure_first=True)
-            self._note(
-                decision,
-                estimate,
-                decision.backend,
-                (
-                    "no items ran in this thread (a crash there would kill it): the first "
-                    "chunks are small, to measure the items in the workers "
-                    "(allow_inline=True measures here first)",
-                ),
-                stream,
-            )
-            return stream_values([], stream)
         if not auto:
             stream = open_stream(inputs, remaining)
             why = (
@@ -1008,7 +1398,7 @@ class SmartExecutor(Executor):
                 (f"{why}: no items ran in this thread",),
                 stream,
             )
-            return stream_values([], stream)
+            return stream_values([], stream, ordered)
 
         pickled = not backend.shares_memory
         star = len(iterables) != 1
@@ -1055,6 +1445,18 @@ class SmartExecutor(Executor):
             return None if remaining is None or run.items > remaining else remaining - run.items
 
         def verdict() -> Verdict:
+            per_item_s = estimate.per_item_s or 0.0
+            if loop_here and per_item_s < CHEAP_ITEM_S:
+                # Its last map measured threads and processes against a loop:
+                # items this cheap gain nothing there (reroute's finding).
+                rest_s = per_item_s * (left() or 0)
+                return Verdict(
+                    True,
+                    rest_s,
+                    rest_s,
+                    f"{per_item_s * 1e6:.2f} us per item, under the "
+                    f"{CHEAP_ITEM_S * 1e6:.0f} us that workers or threads could gain on",
+                )
             return inline_verdict(
                 per_item_s=estimate.per_item_s or 0.0,
                 pickle_parent_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
@@ -1083,28 +1485,38 @@ class SmartExecutor(Executor):
                 ),
             )
             return drain(prefix)
-        if not (self._allow_inline or backend.shares_memory):
-            # Measured on threads, which moved it to processes: no more items here.
-            stream = open_stream(rest(), left())
-            self._note(
-                decision,
-                estimate,
-                decision.backend,
-                (
-                    f"after {run.items} items measured in this thread (routed to threads "
-                    f"then), the rest runs on {decision.backend} (allow_inline=False)",
-                ),
-                stream,
-            )
-            return stream_values(prefix, stream)
         first = verdict()
+        started_here = (
+            (
+                "its last map moved to a loop here (too cheap to send, nothing gained on "
+                "threads): this one starts in a loop, re-checked between batches",
+            )
+            if loop_here
+            else ()
+        )
         if not first.inline:
+            estimate.loop_here = False
             stream = open_stream(rest(), left())
             self._note(decision, estimate, decision.backend, (first.reason,), stream)
-            return stream_values(prefix, stream)
-        self._note(decision, estimate, "inline", (first.reason,))
+            return stream_values(prefix, stream, ordered)
+        self._note(decision, estimate, "inline", (*started_here, first.reason))
 
         def switch(reason: str) -> ChunkStream:
+            if loop_here:
+                # Fresh evidence over the stored: its next maps, and a later
+                # run's, measure in the workers again.
+                estimate.loop_here = False
+                _profiles.save(
+                    fn,
+                    _profiles.StoredProfile(
+                        decision.backend,
+                        estimate.per_item_s or 0.0,
+                        decision.gil,
+                        estimate.pickle_parent_s,
+                        estimate.items,
+                        time.time(),
+                    ),
+                )
             stream = open_stream(rest(), left())
             self._note(
                 decision,
@@ -1123,12 +1535,275 @@ class SmartExecutor(Executor):
             # (An estimate from an older map is re-checked: it may be stale.)
             rest_items = run.inputs
             n_rest = remaining - run.items
-            return itertools.chain(
+            return SendableChain(
                 drain(prefix),
                 (itertools.starmap if star else map)(fn, rest_items),
                 count_at_end(n_rest, time.perf_counter(), self._stats.inline),
             )
-        return itertools.chain.from_iterable(inline_batches(prefix, run, left, verdict, switch))
+        return SendableChain.from_iterable(
+            inline_batches(prefix, run, left, verdict, switch, ordered)
+        )
+
+    def _routed_map(
+        self,
+        fn: Callable[..., Any],
+        decision: Decision,
+        estimate: Estimate,
+        backend: Backend,
+        inputs: Iterator[tuple[Any, ...]],
+        remaining: int | None,
+        buffersize: int | None,
+        end_time: float | None,
+        ordered: bool = True,
+    ) -> Iterator[Any]:
+        """A map that starts on ``backend`` at once and may move once, on evidence.
+
+        Its first chunks hold one item each, so every worker starts working
+        at once; their replies (time, CPU, the workers' GIL watch) feed an
+        :class:`~smartexec._rerouting.Evidence`. Once it suffices, the rest of
+        the map moves to a route :func:`~smartexec._rerouting.reroute`
+        predicts clearly faster (the chunks already sent finish where they
+        are), and the callable's next maps start where this one ended.
+        """
+        gil = decision.gil
+        if (
+            backend.shares_memory
+            and gil is not None
+            and gil.cores >= MANY_CORES
+            and self._parallelism(backend, decision) <= 1
+        ):
+            # Measured to keep every core busy by itself (its own BLAS
+            # threads): more at once would oversubscribe the cores.
+            self._note(
+                decision,
+                estimate,
+                "inline",
+                (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
+            )
+            return lazy_inline(fn, inputs, self._stats.inline)
+        evidence = Evidence(backend.max_workers)
+        settled = False
+        relay: Relay
+
+        timed = 0  # items in the biggest chunk whose pickling was timed
+        # On threads: the CPU seconds the items' own threads used (each
+        # chunk's cpu_s), per second since the map started. Not the process's
+        # CPU: other threads (a BLAS pool still spinning, the program's own)
+        # would count.
+        threads_cpu = getattr(backend, "threads_cpu_s", None)
+        # ... and the seconds they were runnable (on a CPU or queued for one):
+        # a busy machine does not hide threads that release the GIL.
+        threads_wanted = getattr(backend, "threads_wanted_s", None)
+        # (wall, the pool threads' CPU, their runnable seconds) at the first result
+        started_at: list[Any] = []
+        evidence.on_threads = backend.shares_memory and threads_cpu is not None
+
+        def on_result(result: ChunkResult, calls: list[Call]) -> None:
+            nonlocal settled, timed
+            if settled:
+                return
+            n = min(len(calls), PICKLE_SAMPLE)
+            if n > timed and (not timed or n >= 8):
+                # Timed on the biggest chunk so far, in one pickler as a chunk
+                # is sent (a one-item sample reads ~20x too dear, see
+                # measure_pickling); at once, so no result is kept here.
+                outcomes = result.outcomes[:n]
+                measure_pickling(estimate, [c[0] for c in calls[:n]], [v for _, v in outcomes])
+                del outcomes
+                timed = n
+            evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil)
+            if evidence.on_threads:
+                assert threads_cpu is not None
+                cpu = threads_cpu()
+                wanted = threads_wanted() if threads_wanted is not None else None
+                now = time.perf_counter()
+                if cpu is None:
+                    pass  # no pool threads alive just now: read it at the next result
+                elif not started_at:
+                    started_at[:] = (now, cpu, wanted)
+                elif now - started_at[0] >= THREADS_MIN_WALL_S:
+                    wall = now - started_at[0]
+                    evidence.process_cores = (cpu - started_at[1]) / wall
+                    if wanted is not None and started_at[2] is not None:
+                        evidence.wanted_cores = (wanted - started_at[2]) / wall
+            if evidence.ready():
+                settled = True
+                self._settle(
+                    fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize
+                )
+
+        probe = None
+        cheap = estimate.per_item_s is not None and estimate.per_item_s < CHEAP_ITEM_S
+        if cheap and backend.shares_memory:
+            # Measured too cheap to send before (a map, or an earlier run, that
+            # moved to a loop here): a window of big chunks on threads would
+            # be under way before the figures move the rest. Two small chunks
+            # first; the full window only if the map stays.
+            probe = (max(1, min(2, backend.max_workers)), CHEAP_ITEMS)
+        stream = self._open_stream(
+            fn,
+            decision,
+            estimate,
+            backend,
+            inputs,
+            remaining,
+            None,
+            buffersize,
+            end_time,
+            measure_first=estimate.per_item_s is None,
+            on_result=on_result,
+            probe=probe,
+            on_send=None if backend.shares_memory else evidence.add_send,
+        )
+        relay = Relay(stream)
+        started = (
+            f"started on {backend.name} at once: its first chunks, run in the workers, "
+            f"measure the items (time, CPU, the GIL) and may move the rest of the map"
+            + (f"; per item so far: {estimate}" if estimate.per_item_s else "")
+        )
+        self._note(decision, estimate, backend.name, (started,))  # no chunksize yet: 1, 1, ...
+        return stream_values([], relay, ordered)
+
+    def _settle(
+        self,
+        fn: Callable[..., Any],
+        decision: Decision,
+        estimate: Estimate,
+        evidence: Evidence,
+        backend: Backend,
+        relay: Relay,
+        inputs: Iterator[tuple[Any, ...]],
+        end_time: float | None,
+        buffersize: int | None = None,
+    ) -> None:
+        """Act on a map's evidence: move the rest of it, or not; route its next maps.
+
+        The stream the rest moves to keeps the map's ``buffersize``.
+        """
+        stream = relay.streams[-1]
+        assert isinstance(stream, ChunkStream)
+        cpus = self._platform.cpu_count
+        candidates = {backend.name: (backend.max_workers, 0.0)}
+        gil = evidence.profile()
+        if backend.name not in ("fork", "loky", "thread"):
+            # A plugin's or a cluster's backend (dask): the user chose to
+            # run there; the figures are kept, the route is not changed.
+            self._note(decision, estimate, backend.name, (evidence.describe(),))
+            return
+        alternative: Decision | None = None
+        if backend.name in ("fork", "loky") and self._options.prefer != "processes":
+            workers = self._max_workers or _factory("thread").default_workers(cpus)
+            candidates["thread"] = (workers, 0.0)
+            candidates["inline"] = (1, 0.0)
+            alternative = dataclasses.replace(decision, backend="thread", share=False)
+        elif backend.name == "thread" and self._options.prefer != "threads" and gil is not None:
+            assert decision.profile is not None
+            holds = dataclasses.replace(gil, kind="holds")
+            target = decide(
+                decision.profile, self._platform, self._options, holds, _other_threads()
+            )
+            if target.backend in ("fork", "loky") and not target.share:
+                factory = _factory(target.backend)
+                workers = self._max_workers or factory.default_workers(cpus)
+                startup = (
+                    0.0 if target.backend in self._started else (factory.worker_startup_s * workers)
+                )
+                candidates[target.backend] = (workers, startup)
+                alternative = target
+        if backend.name == "thread":
+            candidates["inline"] = (1, 0.0)
+            alternative = alternative or decision
+        verdict = reroute(
+            evidence,
+            current=backend.name,
+            candidates=candidates,
+            send_s=evidence.send_s(estimate.pickle_parent_s)
+            if not backend.shares_memory
+            else estimate.pickle_parent_s,
+            rest=stream.remaining,
+            cpus=cpus,
+        )
+        ended = decision
+        estimate.loop_here = verdict.target == "inline"
+        if verdict.target == "inline":
+            stream.detach()
+            relay.append(InlineStream(fn, inputs, self._stats.inline))
+            # The process route's reasons no longer hold for its next maps.
+            ended = dataclasses.replace(
+                decision,
+                backend="thread",
+                share=False,
+                reasons=(
+                    decision.reasons[0],
+                    "its items cost less than sending them: its next maps start in a "
+                    "loop in the calling thread, whose batches re-check that (the rest "
+                    "goes to workers should the items turn slow)",
+                ),
+            )
+            self._note(ended, estimate, "inline", (verdict.reason,))
+        elif verdict.target is not None and alternative is not None:
+            left = stream.detach()
+            try:
+                with self._lock:
+                    _check_open(self)
+                    target_backend = self._backend(verdict.target)
+                moved = dataclasses.replace(alternative, backend=verdict.target)
+                # An error of the input (or in sending an item) while the new
+                # stream reads its first window belongs to the map at its place:
+                # kept by the stream, raised after every result before it.
+                new = self._open_stream(
+                    fn,
+                    moved,
+                    estimate,
+                    target_backend,
+                    inputs,
+                    left,
+                    None,
+                    buffersize,
+                    end_time,
+                    keep_first_error=True,
+                )
+            except Exception as exc:  # e.g. shut down meanwhile: stay
+                stream.reattach()
+                self._note(
+                    decision, estimate, backend.name, (f"{verdict.reason}; the move failed: {exc}",)
+                )
+            else:
+                relay.append(new)
+                ended = moved
+                self._note(moved, estimate, verdict.target, (verdict.reason,), new)
+        else:
+            self._note(decision, estimate, backend.name, (verdict.reason,))
+        if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
+            if gil is not None:
+                remember(fn, gil)
+            where = "inline" if verdict.target == "inline" else ended.backend
+            _profiles.save(
+                fn,
+                _profiles.StoredProfile(
+                    where,
+                    evidence.per_item_s,
+                    gil,
+                    estimate.pickle_parent_s,
+                    evidence.items,
+                    time.time(),
+                ),
+            )
+        self._route_next(fn, ended, verdict.reason)
+
+    def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
+        """Start ``fn``'s next maps on ``decision``'s backend, saying why."""
+        key = identity_key(fn)
+        reason = f"its last map: {why}"
+        with self._lock:
+            fast = self._fast_submits.get(key)
+            if fast is not None and fast[1] is None and decision.backend != "thread":
+                del self._fast_submits[key]  # its submits follow the map's route again
+            cached = self._decisions.get(key)
+            if cached is not None and cached[0].matches(fn):
+                kept = [r for r in decision.reasons if not r.startswith("its last map: ")]
+                next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
+                self._decisions[key] = (cached[0], next_decision, cached[2])
 
     def _parallelism(self, backend: Backend, decision: Decision) -> int:
         """How many items ``backend`` can run at once for ``decision``'s callable.
@@ -1196,11 +1871,18 @@ class SmartExecutor(Executor):
         end_time: float | None,
         task_timeout: float | None = None,
         measure_first: bool = False,
+        on_result: Callable[[ChunkResult, list[Call]], None] | None = None,
+        probe: tuple[int, int] | None = None,
+        on_send: Callable[[int, float], None] | None = None,
+        keep_first_error: bool = False,
     ) -> ChunkStream:
         """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now.
 
-        ``measure_first``: until an item is measured, chunks grow from one
-        item (see :class:`~smartexec._mapping.ChunkStream`).
+        ``measure_first``: until an item is measured, chunks hold one item;
+        ``on_result`` sees each chunk's reply; ``probe``: the first chunks
+        before the full window (see :class:`~smartexec._mapping.ChunkStream`);
+        ``on_send(items, seconds)`` hears how long each chunk took to send;
+        ``keep_first_error``: see :class:`~smartexec._mapping.ChunkStream`.
         """
         with self._lock:
             _check_open(self)
@@ -1214,7 +1896,8 @@ class SmartExecutor(Executor):
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
                 if cap is not None:
                     calls = calls[:cap]
-                return _send(
+                start = time.perf_counter()
+                future = _send(
                     backend,
                     target,
                     calls,
@@ -1222,6 +1905,9 @@ class SmartExecutor(Executor):
                     _chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
                     self._stats,
                 )
+                if on_send is not None:
+                    on_send(len(calls), time.perf_counter() - start)
+                return future
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
                 if is_pickling_failure(exc):
@@ -1230,7 +1916,7 @@ class SmartExecutor(Executor):
 
             return ChunkStream(
                 send=send,
-                calls=((args, {}) for args in inputs),
+                calls=((args, _NO_KWARGS) for args in inputs),
                 remaining=remaining,
                 n_workers=backend.max_workers,
                 overhead_s=backend.chunk_overhead_s,
@@ -1243,6 +1929,9 @@ class SmartExecutor(Executor):
                 max_retries=self._max_retries,
                 measure_first=measure_first and chunksize is None,
                 abort=backend.abort,
+                on_result=on_result,
+                probe=probe if chunksize is None else None,
+                keep_first_error=keep_first_error,
             )
 
     map.__doc__ = (
@@ -1250,30 +1939,43 @@ class SmartExecutor(Executor):
         + """
         smartexec adds:
 
-        * the input is read lazily and at most ``buffersize`` chunks are in
-          flight (default ``2 * workers + 2``), so ``map`` over an endless
-          generator streams in flat memory (``buffersize`` as in Python
-          3.14's ``Executor.map``, counted in chunks);
+        * the input is read lazily: ``buffersize`` chunks are sent at once
+          (default ``2 * workers + 2``), and each result the caller asks for
+          sends one more before the wait, so ``map`` over an endless
+          generator streams in flat memory. That is Python 3.14's
+          ``buffersize``, counted in chunks as ``ProcessPoolExecutor``
+          counts them (a chunk is one item with ``chunksize=1``); its
+          errors are 3.14's too (``TypeError`` for a non-int, a bool
+          included; ``ValueError`` below 1). Unlike the stdlib's, the
+          default is bounded;
         * with no ``chunksize``, chunks are sized from per-item time measured
           in the workers, re-tuned as chunks finish; workers stop a chunk that
           runs far past its expected time and the rest is re-chunked;
         * it returns a generator on every route (``close()``, ``send()``,
           ``throw()``; ``send(x)`` acts as ``next()``);
-        * no item of a callable routed to process workers runs in the calling
-          process (a crash fails its item with
+        * it starts on the chosen backend at once, its first chunks one item
+          each so every worker starts working; the workers time those
+          chunks and watch their own GIL, and once the figures agree the
+          rest of the map may move, once, to a route predicted at least 1.3x
+          faster (threads for work that waits or releases the GIL, a loop in
+          the calling thread for calls too cheap to send to a process,
+          processes for work on threads that holds the GIL); the callable's
+          next maps start where this one ended, and the figures are saved
+          for later runs (``SMARTEXEC_CACHE=0`` turns that off; see
+          ``docs/routing.md``);
+        * until such a move, no item of a callable routed to process workers
+          runs in the calling process (a crash fails its item with
           :class:`~smartexec.errors.WorkerCrashedError`, a
-          ``BrokenProcessPool``); until the items are measured, chunks grow
-          from one item (1, 2, 4, ...);
-        * with ``SmartExecutor(allow_inline=True)``, or for a callable routed
-          to threads, when the executor chose the backend (no ``backend=``),
-          no ``chunksize``, no ``timeout`` and no ``initializer`` are given (nor
-          a ``task_timeout``), the first items run
-          in the calling thread for about 10 ms to measure them (their
-          results are kept, and their side effects happen in this process);
-          if a plain loop is predicted to be at least as fast, the whole map
-          runs inline (see :meth:`decisions` for the figures). Callables
-          shared with fork workers by copy-on-write never run in the calling
-          thread;
+          ``BrokenProcessPool``); ``prefer="processes"`` keeps it there;
+        * with ``SmartExecutor(allow_inline=True)``, when the executor chose
+          the backend (no ``backend=``), no ``chunksize``, no ``timeout`` and
+          no ``initializer`` are given (nor a ``task_timeout``), the first
+          items run in the calling thread for about 10 ms to measure them
+          instead (their results are kept, and their side effects happen in
+          this process); if a plain loop is predicted to be at least as
+          fast, the whole map runs inline (see :meth:`decisions` for the
+          figures). Callables shared with fork workers by copy-on-write
+          never run in the calling thread;
         * each item's exception is raised at its own position, after the
           results of the items before it, even within a chunk; a chunk of
           several items whose worker died is re-sent one item per chunk, so
@@ -1282,6 +1984,16 @@ class SmartExecutor(Executor):
           stdlib); ``close()``, ``KeyboardInterrupt`` or ``SystemExit``
           also stops the chunks running on process workers (their workers
           are killed and replaced), so the next map does not wait for them;
+        * ``ordered=False`` yields the results as they complete instead of in
+          input order: chunk by chunk as each chunk finishes (within a chunk,
+          in input order), the plain results, as ``imap_unordered`` does; a
+          caller that needs each result's item maps a function that returns
+          it too (see ``docs/getting-started.md``). Streaming and bounded as
+          in input order (``buffersize``, lazy input, ``timeout`` per wait);
+          an item's exception is raised when its chunk completes and its turn
+          comes, and a map that moves backend still yields every item once.
+          Items a probe ran in the calling thread come first. ``TypeError``
+          unless a bool;
         * ``progress``: True draws a tqdm bar that counts items (whatever the
           chunksize or backend) as their results are taken, a tqdm-like
           factory draws its own, False draws none, and None (the default)
@@ -1352,6 +2064,50 @@ class SmartExecutor(Executor):
             backends = list(self._backends.values())
         for backend in backends:
             backend.terminate()
+
+    def terminate_workers(self) -> None:
+        """Send ``SIGTERM`` to every worker process, and shut down without waiting.
+
+        Python 3.14's ``ProcessPoolExecutor.terminate_workers()``, for every
+        backend this executor started: it is ``shutdown(wait=False,
+        cancel_futures=True)`` (calls not started are cancelled, no new
+        work is taken, no worker is replaced), then each worker process
+        still alive is sent ``SIGTERM``: fork workers, and loky's. A call
+        whose worker dies of it fails with ``BrokenProcessPool`` (a map
+        raises it at that item's position); on fork, one whose worker
+        outlives it (a handler for ``SIGTERM`` in the worker) ends as it
+        would have, as in the stdlib, while on loky every running call fails
+        at once (loky stops its whole pool once one worker dies). The fork
+        pool's zygote, which forks the workers and runs no user code, is
+        stopped as at shutdown. Threads cannot be signalled: calls
+        running on the thread backend run on; a dask backend is shut down
+        as by ``shutdown(wait=False, cancel_futures=True)``: its chunks'
+        futures are cancelled and a ``LocalCluster`` it started is closed
+        (a cluster it connected to runs on). Does nothing more on
+        an executor that started no workers, and may be called again.
+        Returns at once; ``shutdown()`` (``wait=True``, or leaving the
+        ``with`` block) then waits until every worker process is gone.
+        Afterwards ``submit`` and ``map`` raise ``RuntimeError``.
+        """
+        self._signal_workers(signal.SIGTERM)
+
+    def kill_workers(self) -> None:
+        """Send ``SIGKILL`` to every worker process, and shut down without waiting.
+
+        Python 3.14's ``ProcessPoolExecutor.kill_workers()``: as
+        :meth:`terminate_workers`, with ``SIGKILL``, which no worker can
+        outlive, so every call running on a process backend fails with
+        ``BrokenProcessPool``. (Where the platform has no ``SIGKILL``, it is
+        ``SIGTERM``, as in the stdlib.)
+        """
+        self._signal_workers(getattr(signal, "SIGKILL", signal.SIGTERM))
+
+    def _signal_workers(self, signum: int) -> None:
+        with self._lock:
+            self._shutdown = True
+            backends = list(self._backends.values())
+        for backend in backends:
+            backend.signal_workers(signum)
 
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "running"

@@ -53,6 +53,7 @@ __all__ = [
     "watch",
     "WATCH_THREADS",
     "classify",
+    "sched_times",
     "recall",
     "remember",
     "recheck_due",
@@ -222,7 +223,7 @@ class GilProfile:
         return f"{figures} -> {meaning}"
 
 
-def _sched(native_id: int | None = None) -> tuple[float, float] | None:
+def sched_times(native_id: int | None = None) -> tuple[float, float] | None:
     """A thread's seconds on a CPU and seconds queued for one (default: the caller's).
 
     Linux reports both in ``/proc/self/task/<tid>/schedstat`` (nanoseconds:
@@ -253,7 +254,7 @@ def _others_cpu() -> dict[int, float] | None:
         tid = thread.native_id
         if tid is None or tid == me or not thread.name.startswith("smartexec-"):
             continue
-        sched = _sched(tid)
+        sched = sched_times(tid)
         if sched is None:
             if thread.is_alive():
                 return None
@@ -294,18 +295,22 @@ class GilSampler:
         self._not_alone = False
         self._start_own = 0.0
         self._result: GilProfile | None = None
+        self._running: threading.Event | None = None
         self.items = 0
 
     def _sample(self) -> None:
         period, clock, sleep = self._period_s, time.perf_counter, time.sleep
         stopped = self._stop.is_set
-        first = _sched()
-        # Starting takes this thread several GIL hand-overs (up to a switch
-        # interval each): a measured thread that holds the GIL delays the
-        # first sample by 10-15 ms, and that delay is held GIL too.
-        started = clock() - self._start_wall - _START_SLACK_S
-        if started > 0.0:
-            self._late_s += started
+        first = sched_times()
+        if self._running is not None:
+            self._running.set()  # start(settle=True) begins the clocks now
+        else:
+            # Starting takes this thread several GIL hand-overs (up to a switch
+            # interval each): a measured thread that holds the GIL delays the
+            # first sample by 10-15 ms, and that delay is held GIL too.
+            started = clock() - self._start_wall - _START_SLACK_S
+            if started > 0.0:
+                self._late_s += started
         while not stopped():
             before = clock()
             sleep(period)
@@ -313,13 +318,25 @@ class GilSampler:
             if late > 0.0:
                 self._late_s += late
             self._samples += 1
-        last = _sched()
+        last = sched_times()
         if first is not None and last is not None:
             self._sampler_queued_s = last[1] - first[1]
 
-    def start(self) -> None:
-        """Start watching (starts the sampling thread)."""
+    def start(self, settle: bool = False) -> None:
+        """Start watching (starts the sampling thread).
+
+        Args:
+            settle: start the sampling thread first and the clocks once it
+                runs (waits up to 20 ms for it), so a short watch is not
+                dominated by the thread's start. For a watch of work that has
+                not begun yet (a worker's chunk); False counts the start,
+                delayed by a measured thread that holds the GIL, as held GIL.
+        """
         self._thread = threading.Thread(target=self._sample, name="smartexec-gil", daemon=True)
+        if settle:
+            self._running = threading.Event()
+            self._thread.start()
+            self._running.wait(0.02)
         self._start_others = _others_cpu()
         # Threads of the program may run BLAS too, on pool threads Python does
         # not know: their CPU time cannot be told from the item's.
@@ -330,8 +347,9 @@ class GilSampler:
         self._start_wall = time.perf_counter()
         self._start_cpu = time.process_time()
         self._start_own = time.thread_time()
-        self._start_sched = _sched()
-        self._thread.start()
+        self._start_sched = sched_times()
+        if not settle:
+            self._thread.start()
 
     def elapsed_s(self) -> float:
         """Seconds since :meth:`start`."""
@@ -361,7 +379,7 @@ class GilSampler:
         """
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
         own = time.thread_time() - self._start_own
-        now = _sched()
+        now = sched_times()
         queued = 0.0
         if self._start_sched is not None and now is not None:
             queued = now[1] - self._start_sched[1]
@@ -395,7 +413,7 @@ class GilSampler:
         wall = max(time.perf_counter() - self._start_wall, 1e-9)
         own = time.thread_time() - self._start_own
         process = time.process_time() - self._start_cpu
-        end = _sched()
+        end = sched_times()
         cpu = self._item_cpu(process)
         self._stop.set()
         if self._thread is not None:
@@ -625,12 +643,12 @@ def watch(
                 check_at = now + 0.002
 
     def helper() -> None:
-        start, first, cpu = time.perf_counter(), _sched(), time.thread_time()
+        start, first, cpu = time.perf_counter(), sched_times(), time.thread_time()
         try:
             run_items()
         except BaseException:  # recorded by run_items; a helper never raises
             pass
-        last = _sched()
+        last = sched_times()
         queued = 0.0 if first is None or last is None else last[1] - first[1]
         reports.append((time.perf_counter() - start, queued, time.thread_time() - cpu))
 

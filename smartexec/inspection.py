@@ -38,6 +38,8 @@ __all__ = [
     "callable_name",
     "locate_unpicklable",
     "DEFAULT_CAP_BYTES",
+    "format_bytes",
+    "format_seconds",
 ]
 
 #: Sizing stops once this many bytes are counted. 64 MiB is far above any
@@ -143,6 +145,15 @@ class CallableProfile:
     def state_bytes(self) -> int:
         """Bytes of state counted (a lower bound when ``state.capped``)."""
         return self.state.nbytes
+
+
+def format_seconds(seconds: float) -> str:
+    """Format a duration for people: ``0.0021`` -> ``"2.1 ms"``, ``2e-5`` -> ``"20.0 us"``."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} us"
 
 
 def format_bytes(n: float) -> str:
@@ -254,8 +265,8 @@ def pickles_by_reference(obj: Any) -> bool:
     travel by value, which cloudpickle does (lambdas, closures, nested
     functions, functions replaced by a decorator of the same name).
     """
-    module_name = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None)
+    module_name = attribute(obj, "__module__")
+    qualname = attribute(obj, "__qualname__")
     if not isinstance(module_name, str) or not isinstance(qualname, str):
         return False
     if module_name == "__main__" or "<locals>" in qualname or "<lambda>" in qualname:
@@ -263,20 +274,33 @@ def pickles_by_reference(obj: Any) -> bool:
     return _lookup(module_name, qualname) is obj
 
 
+def attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)``, also None when a ``__getattr__`` raises something else.
+
+    A dict-backed object whose ``__getattr__`` raises ``KeyError`` for an
+    unknown name is a fine callable (``ThreadPoolExecutor`` runs it); looking
+    up its ``__qualname__`` must not fail the call.
+    """
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 def callable_name(fn: Any) -> str:
     """Return a readable name for ``fn``, e.g. ``"Index.query"``."""
     if isinstance(fn, functools.partial):
         return f"partial({callable_name(fn.func)})"
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    name = attribute(fn, "__qualname__") or attribute(fn, "__name__")
     if isinstance(name, str):
         return name
     return f"{type(fn).__qualname__} instance"
 
 
 def _gil_hint(fn: Any) -> str | None:
-    module_name = getattr(fn, "__module__", None)
-    name = getattr(fn, "__name__", None)
-    hint = _GIL_RELEASING_FUNCTIONS.get((module_name, name))  # type: ignore[arg-type]
+    module_name = attribute(fn, "__module__")
+    name = attribute(fn, "__name__")
+    hint = _GIL_RELEASING_FUNCTIONS.get((module_name, name))
     if hint is not None:
         return hint
     if isinstance(module_name, str):
@@ -417,7 +441,7 @@ def _parts(obj: Any) -> Iterable[tuple[str, Any]]:
         for i, value in enumerate(list(obj)[:1000]):
             yield f"[{i}]", value
     else:
-        state = getattr(obj, "__dict__", None)
+        state = attribute(obj, "__dict__")
         if isinstance(state, dict):
             for key, value in state.items():
                 yield f"attribute {key!r}", value

@@ -18,7 +18,8 @@ state over ``big_state_bytes``, no fork       loky        sent once per worker, 
 known GIL-releasing callable                  thread      no pickling, threads run in parallel
 free-threaded build (GIL disabled)            thread      threads run Python code in parallel
 measured: waits or computes without the GIL   thread      no pickling, threads run in parallel
-lambda / closure / nested / ``__main__``      loky        cloudpickle sends the code by value
+lambda / closure / nested / ``__main__``      fork        cloudpickle sends the code by value
+  ... where fork is not available             loky        the same, to fresh interpreters
 importable function, fork available           fork        real parallelism, fast worker start
 importable function, no fork                  loky        real parallelism
 ============================================  ==========  ==========================================
@@ -28,23 +29,26 @@ its numpy buffers into shared memory, and each worker unpickles it at its
 first chunk and keeps it (:mod:`smartexec.transport`). The same happens when
 ``backend="loky"`` is forced for a callable with big state.
 
-The last three rows hold for a callable that holds the GIL, or that has not
-been measured yet. Measuring that runs the callable's first items in the
-calling process (:mod:`smartexec.gil`), which a process pool is chosen to
-avoid (a crash there would kill the caller), so it is done only with
-``SmartExecutor(allow_inline=True)`` (``Options.allow_inline``): those
-decisions have ``measure=True``, and the first ``map`` of the callable
-watches its first items in the calling thread and decides again with the
-measurement. Without it the callable stays on processes (a measurement
-already made, e.g. by another executor, is still used). The user's
+The last four rows hold for a callable that holds the GIL, or that has not
+been measured yet. Such a callable is not measured in the calling process (a
+crash there would kill the caller): its first ``map`` starts on the process
+backend at once, and the workers measure its first chunks (time, CPU, the
+GIL, :func:`smartexec._remote.run_chunk`); the map then moves to threads if
+they are predicted clearly faster (:mod:`smartexec._rerouting`), and its
+next maps start there. ``SmartExecutor(allow_inline=True)`` measures in the
+calling thread instead (decisions with ``measure=True``). The user's
 ``prefer=`` and ``backend=`` always win over a measurement.
+
+While threads of the user's run (``other_threads``), every row that says
+fork says loky instead, unless the state must be shared by copy-on-write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
+from . import _display
 from ._system import Platform
 from .gil import MANY_CORES, GilProfile
 from .inspection import CallableProfile, format_bytes
@@ -103,7 +107,7 @@ class Options:
     allow_inline: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Decision:
     """Where a callable runs, and why.
 
@@ -138,6 +142,17 @@ class Decision:
         if self.profile is not None:
             head = f"{self.profile.name} -> {head}"
         return head + "".join(f"\n  - {reason}" for reason in self.reasons)
+
+    def __repr__(self) -> str:
+        return _display.decision_repr(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text display (a notebook cell's last line): ``str()``."""
+        _display.pretty(self, printer, cycle)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the route in bold, the reasons as a list."""
+        return _display.decision_html(self)
 
 
 def _describe(profile: CallableProfile) -> str:
@@ -529,19 +544,35 @@ def _decide(
         )
     else:
         gil_reason = (
-            "it may hold the GIL, so processes run it in parallel (not measured: that "
-            "would run its first items in this process; allow_inline=True measures it)"
+            "it may hold the GIL, so processes run it in parallel (not measured yet: "
+            "its first chunks are measured in the workers, and a map may move to threads)"
         )
     measure = measurable and measured is None and options.allow_inline
     gil = measured if measurable else None
 
     if not profile.by_reference:
+        if platform.has_fork:
+            return Decision(
+                "fork",
+                (
+                    what,
+                    gil_reason,
+                    "it cannot be pickled by reference; fork workers (started in "
+                    "milliseconds, the parent's modules already imported) receive it by "
+                    "value with cloudpickle, as loky's would, without loky's interpreter "
+                    "start-up",
+                ),
+                profile=profile,
+                measure=measure,
+                gil=gil,
+            )
         return Decision(
             "loky",
             (
                 what,
                 gil_reason,
-                "it cannot be pickled by reference; loky sends it by value with cloudpickle",
+                f"it cannot be pickled by reference; {_no_fork(platform, options)}, so loky "
+                f"sends it by value with cloudpickle to fresh interpreters",
             ),
             profile=profile,
             measure=measure,

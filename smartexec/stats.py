@@ -20,11 +20,15 @@ insights flag pools that spend their time on overhead.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import _display
 
 __all__ = ["BackendStats", "ExecutorStats", "StatsRecorder", "BUSY_WARN_BELOW"]
 
@@ -32,7 +36,7 @@ __all__ = ["BackendStats", "ExecutorStats", "StatsRecorder", "BUSY_WARN_BELOW"]
 BUSY_WARN_BELOW = 0.8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BackendStats:
     """What one backend ran (a snapshot).
 
@@ -92,10 +96,19 @@ class BackendStats:
                 f"starting the workers counts in the time too"
             )
         elif per_send > 0.001 and self.dispatching_s > 0.5 * self.working_s:
-            why = (
-                f"the caller spent {self.dispatching_s:.3f} s sending chunks: the payload "
-                f"(arguments, or the callable's state) is too big for the work it carries"
-            )
+            if self.working_s < LITTLE_WORK_S:
+                why = (
+                    f"only {self.working_s * 1e3:.2f} ms of work in all, and the caller "
+                    f"spent {self.dispatching_s:.3f} s sending chunks: starting the workers "
+                    f"or the payload (arguments, or the callable's state) cost more than "
+                    f"the work (a plain loop runs such a map faster)"
+                )
+            else:
+                why = (
+                    f"the caller spent {self.dispatching_s:.3f} s sending chunks: the "
+                    f"payload (arguments, or the callable's state) is too big for the "
+                    f"work it carries"
+                )
         elif per_chunk < 0.002:
             why = (
                 f"chunks are too small: {per_chunk * 1e3:.2f} ms of work each; a larger "
@@ -126,8 +139,11 @@ class BackendStats:
             + (f"; chunksizes {sizes}" if sizes else "")
         )
 
+    def __repr__(self) -> str:
+        return _display.backend_repr(self)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class ExecutorStats:
     """A snapshot of :meth:`SmartExecutor.stats`.
 
@@ -150,9 +166,22 @@ class ExecutorStats:
         lines = [str(s) for s in self.backends.values()] or ["no work run yet"]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.decisions:
-            lines.append("decisions:")
-            lines += ["  " + line for d in self.decisions[-10:] for line in str(d).splitlines()]
+            # One line per decision, each once: the full reasons are in
+            # SmartExecutor.decisions() (and explain()).
+            lines.append("decisions (latest last; ex.decisions() has every reason):")
+            lines += ["  " + line for line in _display.decision_lines(self.decisions)]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return _display.stats_repr(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's text display (a notebook cell's last line): ``str()``."""
+        _display.pretty(self, printer, cycle)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: a table per backend, the warnings, the decisions."""
+        return _display.stats_html(self)
 
 
 class _Backend:
@@ -166,6 +195,8 @@ class _Backend:
         "active",
         "in_flight",
         "since",
+        "calls_until",
+        "calls",
         "sizes",
     )
 
@@ -179,8 +210,37 @@ class _Backend:
         self.active = 0.0
         self.in_flight = 0
         self.since = 0.0
+        self.calls_until = 0.0  # the latest end of a call counted
+        self.calls: collections.deque[tuple[float, float]] = collections.deque()
         self.sizes: collections.Counter[int] = collections.Counter()
 
+
+def _fold_calls(entry: _Backend) -> None:
+    """Count ``entry``'s queued calls (see :meth:`StatsRecorder.call_recorder`); hold the lock."""
+    calls = entry.calls
+    while calls:
+        try:
+            start, end = calls.popleft()
+        except IndexError:  # pragma: no cover - emptied meanwhile
+            break
+        entry.sizes[1] += 1
+        entry.chunks += 1
+        entry.items += 1
+        entry.working += end - start
+        if start >= entry.calls_until:
+            entry.active += end - start
+        elif end > entry.calls_until:
+            entry.active += end - entry.calls_until
+        entry.calls_until = max(entry.calls_until, end)
+
+
+#: Under this many seconds of work in all, a backend's idle workers are put
+#: down to the work being too little (not to the payload or the chunksize):
+#: a 5-item map's first send also forks the pool.
+LITTLE_WORK_S = 0.01
+
+#: Calls queued by a :meth:`StatsRecorder.call_recorder` before they are counted.
+CALLS_BATCH = 256
 
 #: Chunksizes listed by ``str(BackendStats)``, the most used first chosen.
 SIZES_SHOWN = 8
@@ -242,6 +302,27 @@ class StatsRecorder:
             entry.items += len(result.outcomes)
             entry.working += result.compute_s
 
+    def call_recorder(self, name: str, workers: int) -> Callable[[float, float], None]:
+        """Return ``record(start, end)`` for calls run with no chunk future (``submit``'s thread route).
+
+        ``record`` is called in the thread that ran a call, with its start
+        and end (``time.perf_counter()`` seconds), and takes no lock: the
+        calls are queued and counted in batches of :data:`CALLS_BATCH` (and
+        by :meth:`snapshot`). Their backend counts as active from the
+        earliest start to the latest end of the calls that overlap; a call
+        cancelled before it ran is not counted (it ran nothing).
+        """
+        with self._lock:
+            entry = self._get(name, workers)
+        return functools.partial(self._call_ran, entry)
+
+    def _call_ran(self, entry: _Backend, start: float, end: float) -> None:
+        calls = entry.calls
+        calls.append((start, end))  # atomic: many pool threads, no lock
+        if len(calls) >= CALLS_BATCH:
+            with self._lock:
+                _fold_calls(entry)
+
     def inline(self, n_items: int, seconds: float) -> None:
         """Count ``n_items`` run in the calling thread in ``seconds``."""
         if n_items <= 0:
@@ -257,6 +338,8 @@ class StatsRecorder:
     def snapshot(self, decisions: tuple[Any, ...] = ()) -> ExecutorStats:
         """Return the figures so far (chunks in flight count as active until now)."""
         with self._lock:
+            for entry in self._backends.values():
+                _fold_calls(entry)
             finished = [f for f in self._pending if f.done()]
         for f in finished:
             self._count(f)

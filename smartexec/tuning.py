@@ -30,7 +30,9 @@ prefix followed by slow items cannot lock in huge slow chunks.
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -91,9 +93,11 @@ INLINE_MARGIN = 0.8
 class Estimate:
     """A running per-item time for one callable, from chunks as they finish.
 
-    Each finished chunk contributes its mean per-item seconds with weight
-    ``ALPHA``, so the figure follows items that get slower or faster within
-    a few chunks. Thread-safe.
+    The figure is the median of the per-item times of the last
+    :data:`WINDOW` chunks: it follows items that get slower or faster within
+    a few chunks, and one stalled chunk (the machine busy elsewhere for a
+    moment, a 100x slower batch) does not move it, so neither the chunksize
+    nor a route decision jumps on one sample. Thread-safe.
 
     Attributes:
         per_item_s: current estimate in seconds, or None before any sample.
@@ -102,16 +106,25 @@ class Estimate:
             arguments and unpickling results (0 on in-process backends).
         last_map: what the callable's last ``map`` did (a
             :class:`~smartexec.policy.Decision`), or None.
+        earlier_run: the figures came from a profile saved by an earlier run
+            (see :mod:`smartexec._profiles`), not yet re-checked.
+        loop_here: the callable's last map (in this process, or the earlier
+            run's whose profile seeded this estimate) moved to a loop in the
+            calling thread, measured too cheap to send: its next map starts
+            there, re-checking the time per item between batches.
     """
 
-    ALPHA = 0.5
+    WINDOW = 9
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._recent: collections.deque[float] = collections.deque(maxlen=self.WINDOW)
         self.per_item_s: float | None = None
         self.items = 0
         self.pickle_parent_s = 0.0
         self.last_map: Any = None
+        self.earlier_run = False
+        self.loop_here = False
 
     def observe(self, n_items: int, compute_s: float) -> None:
         """Record that ``n_items`` items took ``compute_s`` seconds of work."""
@@ -119,16 +132,32 @@ class Estimate:
             return
         sample = max(compute_s, 0.0) / n_items
         with self._lock:
-            if self.per_item_s is None:
-                self.per_item_s = sample
-            else:
-                self.per_item_s += self.ALPHA * (sample - self.per_item_s)
+            self._recent.append(sample)
+            self.per_item_s = statistics.median(self._recent)
             self.items += n_items
+            self.earlier_run = False
+
+    def seed(self, per_item_s: float, items: int, pickle_parent_s: float) -> None:
+        """Start from figures measured by an earlier run (replaced by the first chunk)."""
+        with self._lock:
+            if self.per_item_s is None:
+                self.per_item_s = per_item_s
+                self.items = items
+                self.pickle_parent_s = pickle_parent_s
+                self.earlier_run = True
 
     def __repr__(self) -> str:
         if self.per_item_s is None:
             return "Estimate(unmeasured)"
         return f"Estimate({self.per_item_s * 1e6:.1f} us per item over {self.items} items)"
+
+    def __str__(self) -> str:
+        if self.per_item_s is None:
+            return "not measured yet"
+        seconds = self.per_item_s
+        figure = f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+        source = " (from an earlier run)" if self.earlier_run else ""
+        return f"{figure} per item over {self.items} items{source}"
 
 
 def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False) -> int:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from smartexec import _profiles as profiles
 from smartexec import _shm as shm
 from smartexec import transport
 
@@ -58,15 +59,27 @@ def no_leaks(request):
     deadline = time.monotonic() + 5.0
     while True:
         extra = {p: c for p, c in _leftovers().items() if p not in before_children}
-        if not extra or time.monotonic() > deadline:
+        # memfds show nowhere else; loky's semaphores go once its executor's
+        # finalizers have run, a moment after shutdown on a busy machine.
+        new_shm = (_shm() | set(shm.live())) - before_shm
+        if (not extra and not new_shm) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    new_shm = (_shm() | set(shm.live())) - before_shm  # memfds show nowhere else
     if extra:
         kill_all(extra)
         pytest.fail(f"test left child processes running: {extra}")
     if new_shm:
         pytest.fail(f"test left shared-memory segments: {sorted(new_shm)}")
+
+
+@pytest.fixture(autouse=True)
+def profile_store(tmp_path_factory, monkeypatch):
+    """Point the profile store at a fresh directory: no test reads the user's, or another test's."""
+    directory = tmp_path_factory.mktemp("smartexec-cache")
+    monkeypatch.setenv(profiles.CACHE_DIR_ENV, str(directory))
+    monkeypatch.delenv(profiles.CACHE_ENV, raising=False)
+    profiles.clear()  # this process's view of the store, too
+    return directory
 
 
 @pytest.fixture

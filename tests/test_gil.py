@@ -43,6 +43,20 @@ def _watch(work, seconds=0.06):
     return sampler.stop()
 
 
+def _watch_until(kind, work, tries=3):
+    """Watch ``work`` up to ``tries`` times; the first profile of ``kind``, else the last.
+
+    A busy machine (another test run, a build) delays the sampler's wake-ups
+    now and then, which reads as held GIL: one watch in three seeing the
+    release or the wait shows the sampler can tell it.
+    """
+    for _ in range(tries):
+        profile = _watch(work)
+        if profile.kind == kind:
+            break
+    return profile
+
+
 def _spin():
     total = 0
     for i in range(20_000):
@@ -57,7 +71,7 @@ def test_sampler_sees_a_python_loop_hold_the_gil():
 
 
 def test_sampler_sees_a_sleep_wait():
-    profile = _watch(lambda: time.sleep(0.005))
+    profile = _watch_until("waits", lambda: time.sleep(0.005))
     assert profile.kind == "waits", profile
 
 
@@ -65,7 +79,7 @@ def test_sampler_sees_zlib_release_the_gil():
     import zlib
 
     data = bytes(range(256)) * (1 << 13)
-    profile = _watch(lambda: zlib.compress(data))
+    profile = _watch_until("releases", lambda: zlib.compress(data))
     assert profile.kind == "releases", profile
 
 
@@ -215,7 +229,7 @@ def test_a_noisy_queue_reading_cannot_make_one_thread_several_cores(monkeypatch)
     # reach the wall time, one busy thread would read as many cores.
     import hashlib
 
-    monkeypatch.setattr(gil, "_sched", lambda native_id=None: (0.0, time.perf_counter()))
+    monkeypatch.setattr(gil, "sched_times", lambda native_id=None: (0.0, time.perf_counter()))
     data = b"x" * (1 << 20)
     watched = gil.watch(lambda _: hashlib.sha256(data).digest(), iter(range(10**6)), False)
     assert watched.profile.cores < 1.5, watched.profile

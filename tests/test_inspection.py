@@ -210,3 +210,32 @@ def test_a_callable_object_that_is_a_module_global_pickles_by_reference():
     profile = inspect_callable(np.sort)
     assert profile.by_reference and profile.kind == "function", profile
     assert pickle.loads(pickle.dumps(np.sort)) is np.sort
+
+
+class _DictBacked:
+    """A config object whose __getattr__ raises KeyError for unknown names."""
+
+    def __init__(self, **settings):
+        self.__dict__["_settings"] = settings
+
+    def __getattr__(self, name):
+        return self.__dict__["_settings"][name]
+
+    def __call__(self, x):
+        return x * self.scale
+
+
+def test_a_getattr_that_raises_keyerror_does_not_stop_routing():
+    # ThreadPoolExecutor runs such a callable; looking up its __qualname__
+    # (KeyError, not AttributeError) must not fail explain() or submit().
+    from smartexec import SmartExecutor
+    from smartexec.inspection import callable_name
+
+    fn = _DictBacked(scale=3)
+    assert callable_name(fn) == "_DictBacked instance"
+    with SmartExecutor(prefer="threads") as ex:
+        # Threads; on Python 3.10 fork workers reach it by copy-on-write
+        # (there pickling it fails too: KeyError '__getstate__').
+        assert ex.explain(fn).backend in ("thread", "fork")
+        assert ex.submit(fn, 2).result(timeout=30) == 6
+        assert list(ex.map(fn, [1, 2])) == [3, 6]

@@ -47,11 +47,13 @@ def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
         # unpicklable state: fork shares it, elsewhere the pickling error names it
         (profile("closure", by_reference=False, state=LOCKED), LINUX, Options(), "fork", True),
         (profile("closure", by_reference=False, state=LOCKED), NO_FORK, Options(), "loky", False),
-        # by-value code
-        (profile("lambda", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
-        (profile("closure", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
-        (profile("nested", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
-        (profile("main", by_reference=False, state=SMALL), LINUX, Options(), "loky", False),
+        # by-value code: fork workers receive it with cloudpickle; loky without fork
+        (profile("lambda", by_reference=False, state=SMALL), LINUX, Options(), "fork", False),
+        (profile("closure", by_reference=False, state=SMALL), LINUX, Options(), "fork", False),
+        (profile("nested", by_reference=False, state=SMALL), LINUX, Options(), "fork", False),
+        (profile("main", by_reference=False, state=SMALL), LINUX, Options(), "fork", False),
+        (profile("lambda", by_reference=False, state=SMALL), NO_FORK, Options(), "loky", False),
+        (profile("main", by_reference=False, state=SMALL), NO_FORK, Options(), "loky", False),
         # GIL-releasing callables and hints
         (profile("builtin", gil_hint="sleeps"), LINUX, Options(), "thread", False),
         (profile("ufunc", gil_hint="ufunc"), LINUX, Options(), "thread", False),
@@ -118,17 +120,17 @@ INLINE_OK = Options(allow_inline=True)
         # unmeasured GIL-holding candidates ask for a measurement, when
         # allowed to run items in the calling process
         (profile("function"), LINUX, INLINE_OK, None, "fork", True),
-        (profile("lambda", by_reference=False), LINUX, INLINE_OK, None, "loky", True),
+        (profile("lambda", by_reference=False), LINUX, INLINE_OK, None, "fork", True),
         (profile("function"), NO_FORK, INLINE_OK, None, "loky", True),
         (profile("function"), LINUX, Options(), None, "fork", False),
-        (profile("lambda", by_reference=False), LINUX, Options(), None, "loky", False),
+        (profile("lambda", by_reference=False), LINUX, Options(), None, "fork", False),
         (profile("function"), NO_FORK, Options(), None, "loky", False),
         # measured: waits / releases -> threads, holds -> processes
         (profile("function"), LINUX, Options(), WAITS, "thread", False),
         (profile("function"), LINUX, Options(), RELEASES, "thread", False),
         (profile("lambda", by_reference=False), LINUX, Options(), RELEASES, "thread", False),
         (profile("function"), LINUX, Options(), HOLDS, "fork", False),
-        (profile("closure", by_reference=False), LINUX, Options(), HOLDS, "loky", False),
+        (profile("closure", by_reference=False), LINUX, Options(), HOLDS, "fork", False),
         (profile("function"), NO_FORK, Options(), HOLDS, "loky", False),
         # the user's word wins over a measurement, and asks for none
         (profile("function"), LINUX, Options(prefer="processes"), RELEASES, "fork", False),
@@ -153,7 +155,8 @@ def test_measured_gil_use_routes(prof, platform, options, measured, backend, mea
 
 
 def test_an_unmeasured_decision_says_why_it_was_not_measured():
-    assert "allow_inline=True measures it" in str(decide(profile("function"), LINUX, Options()))
+    text = str(decide(profile("function"), LINUX, Options()))
+    assert "its first chunks are measured in the workers" in text
     assert "its first map measures this" in str(decide(profile("function"), LINUX, INLINE_OK))
 
 
@@ -193,7 +196,8 @@ def test_max_tasks_per_child_moves_loky_work_to_fork(threads):
     lam = profile("lambda", by_reference=False, state=SMALL)
     decision = decide(lam, LINUX, Options(retires_workers=True), other_threads=threads)
     assert decision.backend == "fork", str(decision)
-    assert "max_tasks_per_child" in decision.reasons[-1]
+    if threads:  # without threads by-value code goes to fork anyway
+        assert "max_tasks_per_child" in decision.reasons[-1]
     fn = decide(profile("function"), LINUX, Options(retires_workers=True), other_threads=threads)
     assert fn.backend == "fork", str(fn)
     # threads are not processes: thread-bound work stays

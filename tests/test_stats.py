@@ -118,6 +118,8 @@ def test_busy_workers_get_no_warning():
     ("stats", "why"),
     [
         (BackendStats("fork", 2, 100, 10, 0, 0.5, 0.4, 1.0), "payload"),
+        # five one-item chunks of a trivial function: the first send forked the pool
+        (BackendStats("fork", 2, 5, 5, 0, 0.00001, 0.02, 0.03), "only 0.01 ms of work"),
         (BackendStats("fork", 2, 1000, 1000, 0, 0.0, 0.05, 1.0), "too small"),
         (BackendStats("fork", 2, 1000, 1000, 0, 0.5, 0.01, 1.0), "too small"),
         (BackendStats("fork", 4, 3, 3, 0, 0.9, 0.01, 1.0), "too few chunks"),

@@ -15,6 +15,7 @@ Life of a backend, as ``SmartExecutor`` drives it::
     submit_chunk(target, chunk, budget_s)        # once per chunk, from any thread
     describe(fn), refresh(fn)                    # explain() / refresh()
     terminate()                                  # Ctrl-C in a with block
+    signal_workers(signum)                       # terminate_workers() / kill_workers()
     shutdown(wait, cancel_futures=...)           # once or more; idempotent
 
 Built-in backends and third-party plugins implement exactly this class and are
@@ -26,13 +27,62 @@ boundary, :func:`smartexec._remote.dumps_reply` / ``loads_reply``.
 from __future__ import annotations
 
 import abc
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from .._remote import Call, ChunkResult
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "check_open_files", "forced_by"]
+
+
+def forced_by(signum: int) -> str:
+    """Who sent ``signum`` to the workers, for error messages: ``"terminate_workers() (SIGTERM)"``."""
+    name = {signal.SIGTERM: "terminate_workers()", getattr(signal, "SIGKILL", -1): "kill_workers()"}
+    try:
+        signame = signal.Signals(signum).name
+    except ValueError:
+        signame = f"signal {signum}"
+    return f"{name.get(signum, 'SmartExecutor')} ({signame})"
+
+
+#: Open files a process pool needs besides two per worker (fork: its
+#: zygote's socket, wake-up pipes, a replacement pool's while both run; loky:
+#: its call and result queues), and the caller's own.
+SPARE_FILES = 64
+
+
+def check_open_files(max_workers: int, backend: str) -> None:
+    """Fail fast when a pool of ``max_workers`` processes cannot hold its pipes open.
+
+    A fork pool keeps a pipe per worker (two pools' worth while one replaces
+    the other); loky a sentinel and a pipe per process. Without this check
+    a pool of thousands of workers starts them until ``EMFILE`` (or the
+    machine's memory) stops it.
+
+    Args:
+        max_workers: the pool's processes.
+        backend: its name, for the message (``"fork"``, ``"loky"``).
+
+    Raises:
+        ValueError: the process's open-file limit is too low, naming both fixes.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return
+    needed = 2 * max_workers + SPARE_FILES
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        raise ValueError(
+            f"max_workers={max_workers} on the {backend} backend needs about {needed} open "
+            f"files (two per worker process), but this process may open {soft} "
+            f"(ulimit -n). Lower max_workers to at most "
+            f"{max(1, (soft - SPARE_FILES) // 2)}, or raise the limit (ulimit -n, or "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) before creating the executor)"
+        )
 
 
 class Backend(abc.ABC):
@@ -56,6 +106,10 @@ class Backend(abc.ABC):
             :mod:`smartexec.tuning` (measured by benchmarks/bench_overheads.py).
         chunk_overhead_s: seconds of dispatch per chunk (pickling, pipes,
             wake-ups), likewise.
+        start_method: how the backend starts its worker processes, named in
+            ``SmartExecutor.explain()`` (``"fork"``, ``"loky"``, or a
+            multiprocessing start method); None for backends with no worker
+            processes of their own (threads, inline, a cluster's).
 
     Args:
         max_workers: how many workers to run (int >= 1), or None for the
@@ -88,6 +142,7 @@ class Backend(abc.ABC):
     stops_tasks: ClassVar[bool] = False
     worker_startup_s: ClassVar[float] = 0.0
     chunk_overhead_s: ClassVar[float] = 0.0
+    start_method: ClassVar[str | None] = None
 
     def __init__(self, max_workers: int | None, cpu_count: int):
         self.max_workers = (
@@ -258,6 +313,26 @@ class Backend(abc.ABC):
         ``KeyboardInterrupt`` or ``SystemExit``. The default cancels what has
         not started and returns without waiting; process backends override it
         to kill their workers.
+        """
+        self.shutdown(wait=False, cancel_futures=True)
+
+    def signal_workers(self, signum: int) -> None:
+        """Send ``signum`` to every worker process, and shut down without waiting.
+
+        Called by ``SmartExecutor.terminate_workers()`` (``SIGTERM``) and
+        ``kill_workers()`` (``SIGKILL``), which mirror Python 3.14's
+        ``ProcessPoolExecutor`` methods: chunks not started are cancelled,
+        no new chunk starts, no worker is replaced, and a chunk whose worker
+        dies of the signal fails with ``BrokenProcessPool`` (not the
+        :class:`~smartexec.errors.WorkerCrashedError` a map would re-send).
+        Returns without waiting for the workers to exit; a later
+        ``shutdown(wait=True)`` waits for them. The default, for backends
+        with no worker processes of their own (threads, inline, a cluster's
+        workers), is ``shutdown(wait=False, cancel_futures=True)``: calls
+        already running there run on.
+
+        Args:
+            signum: the signal number, e.g. ``signal.SIGTERM``.
         """
         self.shutdown(wait=False, cancel_futures=True)
 

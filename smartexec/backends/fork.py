@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import gc
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -56,8 +57,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from .. import _fingerprint, _initializer, trampoline, transport
-from .._blas import cap_in_this_process, controller_for_fork, threads_per_worker
+from .. import _fingerprint, _initializer, _threads, trampoline, transport
+from .._blas import cap_in_this_process, controller_for_fork, thread_env, threads_per_worker
 from .._diagnose import (
     fail_on_pickling,
     reply_unpickling_error,
@@ -69,7 +70,7 @@ from .._sender import Sender, pause_senders, quick_to_pickle
 from .._system import mark_worker_process
 from ..errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
-from ._base import Backend
+from ._base import Backend, check_open_files, forced_by
 
 __all__ = ["ForkBackend"]
 
@@ -93,6 +94,17 @@ _OWNER_LOCK = threading.Lock()
 #: shutdown() takes it too, so it never mistakes a paused dispatcher for a
 #: finished one.
 _QUIESCE_LOCK = threading.RLock()
+
+#: Workers a new pool forks from this process itself when no other thread
+#: runs (see _ForkPool): the first, which takes the chunk that started the
+#: pool at once. The zygote forks the others meanwhile, while this process
+#: starts the pool's dispatcher (forking each costs the parent about a
+#: millisecond per 100 MB mapped, on the way to everything else it does).
+DIRECT_WORKERS = 1
+
+#: Largest request sent to a worker before the zygote has reported its fork
+#: (a pipe holds 64 KiB on Linux; a bigger write would block the dispatcher).
+PRESEND_MAX_BYTES = 32 * 1024
 
 #: Seconds to wait for a dispatcher to pause (it may be running a future's
 #: done-callback, user code that may wait on us); past it, the fork goes on.
@@ -128,6 +140,39 @@ def _quiesced() -> Iterator[None]:
                 pool.resume()
 
 
+def _as_multiprocessing_child() -> None:
+    """In a worker forked by ``os.fork``: what ``multiprocessing`` does in a child it forks.
+
+    The zygote is a ``multiprocessing`` child, so its workers inherit this;
+    a worker forked from the parent directly does it itself: stdin closed
+    (reopened on ``os.devnull``), no inherited child processes or
+    finalizers, and the after-fork hooks of ``multiprocessing`` objects (an
+    inherited ``multiprocessing.Queue`` resets its feeder thread).
+    """
+    mp_util: Any = multiprocessing.util
+    mp_process: Any = multiprocessing.process
+    with contextlib.suppress(Exception):
+        mp_process._children = set()
+        mp_util._close_stdin()
+        mp_util._finalizer_registry.clear()
+        mp_util._run_after_forkers()
+
+
+def _may_fork_directly(initializer: Callable[..., Any] | None) -> bool:
+    """Whether a new pool may fork its first worker(s) from this process itself.
+
+    Only when no thread but the calling one runs (call it with ours paused,
+    :func:`_quiesced`): a forked child gets a copy of every lock another
+    thread held at that instant. Not with an initializer (its failure is
+    reported through the zygote), nor where ``os.pidfd_open`` is missing
+    (Linux 5.3+): the dispatcher learns that such a worker exited from it.
+    """
+    if initializer is not None or not hasattr(os, "pidfd_open"):
+        return False
+    current = threading.current_thread()
+    return all(thread is current for thread in threading.enumerate())
+
+
 def _worker_main(
     conn: Any,
     parent_pid: int,
@@ -148,9 +193,18 @@ def _worker_main(
     zygote). When it raises, the worker sends ``I<pid> <traceback>`` on
     ``ctl`` (the zygote's end, which reaches the parent's dispatcher) and
     exits without taking a chunk. ``ctl`` is closed before the loop.
+
+    Every object inherited from the parent is frozen out of this process's
+    garbage collector (``gc.freeze()``, which touches none of them): a
+    collection would write to each object it scans, copying their pages
+    (a worker's first chunk copied ~2 MB, 2.5 ms of its CPU, for a method
+    on a 200 MB object). Cycles among inherited objects that the worker
+    drops are then not collected in this worker.
     """
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark_worker_process()
+    _threads.forget_inherited_pools()
     try:
         if initializer is not None:
             try:
@@ -191,6 +245,7 @@ def _zygote_main(
     blas: Any,
     initializer: Callable[..., Any] | None = None,
     initargs: tuple[Any, ...] = (),
+    inherited_fds: Sequence[int] = (),
 ) -> None:
     """The zygote (runs in a child forked once per pool): forks the pool's workers.
 
@@ -215,6 +270,9 @@ def _zygote_main(
     would stop reading requests, blocking the parent's ``send_fds`` in turn
     (``max_workers`` in the hundreds hung the pool).
 
+    ``inherited_fds``: the parent's ends of the pipes of the workers it forked
+    itself (see :class:`_ForkPool`), closed here at once.
+
     On ``Q``, on end-of-file, or once the parent is gone (checked every
     :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
     may hold a copy of its end of ``ctl``, so end-of-file alone is not
@@ -223,11 +281,16 @@ def _zygote_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(parent_end)  # the parent's end of ctl, inherited by the fork
+    for fd in inherited_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
     # Cap BLAS here, once, not in each worker: the workers inherit the cap.
     # Capping OpenBLAS after a fork starts its thread pool, whose threads spin
-    # for ~0.1 s of CPU; here they stop at the zygote's first fork (OpenBLAS
-    # shuts its pool down before a fork), so no worker runs a spinning thread.
-    cap_in_this_process(blas_threads, blas)
+    # for ~0.1 s of CPU; capped right before the zygote's first fork, they stop
+    # at once (OpenBLAS shuts its pool down before a fork), so no process runs
+    # a spinning thread: not a worker, and not a zygote that has no worker to
+    # fork yet (its pool's first worker was forked by the parent itself).
+    capped = False
     zygote_pid = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -267,9 +330,15 @@ def _zygote_main(
                 children.clear()
                 return
             if pid == 0:
-                if time.monotonic() >= deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return
-                time.sleep(0.01)
+                # Until the next SIGCHLD (its handler writes to wake_w), not a
+                # fixed sleep: a stopping pool waits for its workers' exits.
+                select.select([wake_r], [], [], min(left, 0.05))
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
                 continue
             children.discard(pid)
             send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
@@ -302,6 +371,9 @@ def _zygote_main(
             break
         ident = int(message[1:])
         worker_fd = fds[0]
+        if not capped:
+            cap_in_this_process(blas_threads, blas)
+            capped = True
         pid = os.fork()
         if pid == 0:  # the worker
             code = 0
@@ -386,7 +458,7 @@ class _Task:
 
 
 class _Worker:
-    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost", "calls")
+    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost", "calls", "doomed", "pidfd")
 
     def __init__(self, ident: int, conn: Any):
         self.ident = ident
@@ -396,13 +468,22 @@ class _Worker:
         self.deadline: float | None = None  # time.monotonic() when its chunk times out
         self.lost = False  # its pipe closed: it is exiting; its exit code is on the way
         self.calls = 0  # calls sent to it, for max_tasks_per_child
+        #: Signalled before its pid was known (0: not): the signal goes once it is.
+        self.doomed = 0
+        #: Forked by this process itself (not the zygote): a pidfd, readable once
+        #: it has exited; this process reaps it. None for the zygote's workers.
+        self.pidfd: int | None = None
 
-    def kill(self) -> None:
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except OSError:
-                pass  # exited already
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        if self.pid is None:
+            # It may hold a chunk already (sent before the zygote reported
+            # the fork): the signal goes when its pid arrives.
+            self.doomed = signum
+            return
+        try:
+            os.kill(self.pid, signum)
+        except OSError:
+            pass  # exited already
 
 
 class _ForkPool:
@@ -420,6 +501,11 @@ class _ForkPool:
             (None: no limit). A chunk that would take a worker past it goes
             to a fresh worker (the executor sends chunks of at most this many).
         box: where a failed initializer is recorded (shared with the backend).
+        first: the task that starts this pool (None: none). When the first
+            worker is forked directly (see :attr:`forked_directly`) and the
+            task is pickled, its request is written to that worker's pipe
+            before the others fork: it runs while they do. Taken (then
+            ``first.pool`` is this pool) or not, see :attr:`took_first`.
     """
 
     def __init__(
@@ -432,6 +518,7 @@ class _ForkPool:
         initargs: tuple[Any, ...] = (),
         max_tasks_per_child: int | None = None,
         box: _initializer.Breakage | None = None,
+        first: _Task | None = None,
     ):
         self._ctx = multiprocessing.get_context("fork")
         self._initializer_name = (
@@ -457,6 +544,10 @@ class _ForkPool:
         # Futures to stop (see abort()): appended without a lock, as abort() may
         # run in a generator's finalizer, in a thread that holds self._lock.
         self._aborting: collections.deque[Future[ChunkResult]] = collections.deque()
+        #: The signal terminate_workers() / kill_workers() asked for (0: none);
+        #: the dispatcher sends it to every worker and replaces none.
+        self._forced = 0
+        self._forced_sent = False
         self._wake_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -466,24 +557,48 @@ class _ForkPool:
         self.digests: dict[int, bytes] = {}
         objects = live_objects()
         self.covered = frozenset(objects)
-        # Fork the zygote now, in the caller's thread, before this pool's
-        # dispatcher thread exists; it forks every worker, replacements too.
+        # Fork now, in the caller's thread, before this pool's dispatcher
+        # thread exists. When no other thread runs (ours paused), the first
+        # DIRECT_WORKERS are forked here directly, as a hand-written fork
+        # Pool's are: no thread can hold a lock they copy, and the first
+        # chunk does not wait for a zygote to start and fork in turn. The
+        # zygote is forked either way, last: it forks every other worker (all
+        # of them when another thread runs; replacements always).
         self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._zygote = self._ctx.Process(
-            target=_zygote_main,
-            args=(
-                zygote_end,
-                self._ctl.fileno(),
-                os.getpid(),
-                blas_threads,
-                controller_for_fork(),
-                initializer,
-                initargs,
-            ),
-            name="smartexec-fork-zygote",
-        )
-        with _quiesced(), trampoline.forking(objects):
-            self._zygote.start()
+        self._idents = itertools.count()
+        self._workers: list[_Worker] = []
+        #: Whether this pool's first worker(s) were forked by this process itself.
+        self.forked_directly = False
+        #: Whether ``first`` went straight to the first worker (else: queue it).
+        self.took_first = False
+        blas = controller_for_fork()
+        try:
+            with _quiesced(), trampoline.forking(objects), _threads.fork_warning_checked():
+                if _may_fork_directly(initializer):
+                    self.forked_directly = True
+                    self._fork_directly(DIRECT_WORKERS, blas_threads, blas, zygote_end, first)
+                self._zygote = self._ctx.Process(
+                    target=_zygote_main,
+                    args=(
+                        zygote_end,
+                        self._ctl.fileno(),
+                        os.getpid(),
+                        blas_threads,
+                        blas,
+                        initializer,
+                        initargs,
+                        [w.conn.fileno() for w in self._workers],
+                    ),
+                    name="smartexec-fork-zygote",
+                )
+                self._zygote.start()
+        except BaseException as exc:
+            self._reap_directly(self._workers, 0.0)  # a fork failed (EAGAIN): none is left
+            self._ctl.close()
+            zygote_end.close()
+            if first is not None and first.pool is self and first.future.running():
+                first.future.set_exception(exc)  # handed over: nobody else will end it
+            raise
         del objects
         # Process.start() in any thread reaps every finished child it knows of
         # (multiprocessing.process._children); this pool joins its own zygote.
@@ -491,8 +606,7 @@ class _ForkPool:
         if _mp_children is not None:
             _mp_children.discard(self._zygote)
         zygote_end.close()
-        self._idents = itertools.count()
-        self._workers = [self._spawn() for _ in range(max_workers)]
+        self._workers += [self._spawn() for _ in range(max_workers - len(self._workers))]
         self._thread = threading.Thread(
             target=self._run, name="smartexec-fork-dispatcher", daemon=True
         )
@@ -626,6 +740,29 @@ class _ForkPool:
                 worker.kill()
             thread.join()
 
+    def signal_workers(self, signum: int) -> None:
+        """Cancel queued chunks and send ``signum`` to every worker; replace none.
+
+        ``terminate_workers()`` (SIGTERM) and ``kill_workers()`` (SIGKILL),
+        as Python 3.14's ``ProcessPoolExecutor`` does them: the pool closes,
+        chunks no worker has taken are cancelled, and the dispatcher (which
+        alone hands chunks to workers and reaps them, so no signal reaches a
+        reused pid) signals each worker. A chunk whose worker dies of it
+        fails with ``BrokenProcessPool``; one whose worker outlives it (a
+        handler for SIGTERM) ends as it would have. The zygote is then
+        stopped as at shutdown. Returns at once.
+        """
+        with self._lock:
+            self._closing = True
+            if not self._forced:
+                self._forced = signum
+            queued = list(self._queue)
+            self._queue.clear()
+        for task in queued:
+            if task.future.cancel():
+                task.future.set_running_or_notify_cancel()  # tells wait() / as_completed()
+        self._wake()
+
     def _wake(self) -> None:
         # Under the lock: once the dispatcher has closed the pipe, its fd number
         # may belong to someone else's file (writing there corrupted loky's pipes).
@@ -638,6 +775,121 @@ class _ForkPool:
                 pass  # the pipe is full: the dispatcher is awake anyway
 
     # -- dispatcher thread ---------------------------------------------------------
+
+    def _fork_directly(
+        self,
+        count: int,
+        blas_threads: int,
+        blas: Any,
+        zygote_end: socket.socket,
+        first: _Task | None = None,
+    ) -> None:
+        """Fork ``count`` workers from this process (the caller's thread, no other running).
+
+        They are capped at ``blas_threads`` BLAS threads by inheritance: the
+        loaded pools are limited here for the length of the forks (capping
+        in a worker would start its OpenBLAS pool, ~50 ms of spinning CPU).
+        Restoring this process's limits starts its OpenBLAS pool again; the
+        zygote's fork, next, stops it (OpenBLAS shuts its pool down before a
+        fork), as the zygote's fork alone did before.
+        """
+        limiter = blas.limit(limits=blas_threads) if blas is not None else None
+        try:
+            for _ in range(count):
+                self._workers.append(self._fork_worker(blas_threads, zygote_end))
+                if first is not None and not self.took_first:
+                    self.took_first = self._hand_over(self._workers[0], first)
+        finally:
+            if limiter is not None:
+                limiter.restore_original_limits()
+
+    def _fork_worker(self, blas_threads: int, zygote_end: socket.socket) -> _Worker:
+        """Fork one worker from this process; it is this process's child, reaped here."""
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        siblings = [w.conn for w in self._workers]
+        owner = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(-1)  # the caller's (asyncio's) is not ours to write to
+                parent_conn.close()
+                for conn in siblings:
+                    conn.close()
+                self._ctl.close()
+                zygote_end.close()
+                _as_multiprocessing_child()
+                os.environ.update(thread_env(blas_threads))  # libraries loaded later
+                _worker_main(child_conn, owner, owner)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        child_conn.close()
+        worker = _Worker(next(self._idents), parent_conn)
+        worker.pid = pid
+        try:
+            worker.pidfd = os.pidfd_open(pid)
+        except BaseException:
+            worker.kill()
+            os.waitpid(pid, 0)
+            parent_conn.close()
+            raise
+        return worker
+
+    def _hand_over(self, worker: _Worker, task: _Task) -> bool:
+        """Send ``task`` to the idle ``worker`` now, from this thread; False if it must queue."""
+        payload = task.payload
+        if payload is None or len(payload) > PRESEND_MAX_BYTES:
+            return False
+        with _OWNER_LOCK:
+            task.pool = self
+        if not task.future.set_running_or_notify_cancel():
+            return True  # cancelled already: nothing to run (wait() was told)
+        worker.task = task
+        worker.calls += task.items
+        try:
+            worker.conn.send_bytes(payload)
+        except OSError:
+            # It died at once: the dispatcher reaps it, and _bury gives the
+            # chunk (never sent, its request kept) to another worker.
+            worker.lost = True
+            return True
+        task.payload, task.sent = None, True
+        if task.timeout_s is not None:
+            worker.deadline = time.monotonic() + task.timeout_s
+        return True
+
+    def _reaped(self, worker: _Worker, block: bool = False) -> tuple[bool, int | None]:
+        """Reap a worker forked here: (whether it has exited, its exit code or None)."""
+        assert worker.pid is not None
+        try:
+            pid, status = os.waitpid(worker.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # someone else reaped it (os.wait(), SIGCHLD ignored)
+            exitcode = None
+        else:
+            if pid == 0:
+                return False, None
+            exitcode = os.waitstatus_to_exitcode(status)
+        if worker.pidfd is not None:
+            os.close(worker.pidfd)
+            worker.pidfd = None
+        return True, exitcode
+
+    def _reap_directly(self, workers: Sequence[_Worker], grace_s: float) -> None:
+        """Wait up to ``grace_s`` seconds for the workers forked here to exit, kill the rest, reap all."""
+        left = [w for w in workers if w.pidfd is not None]
+        deadline = time.monotonic() + grace_s
+        while left:
+            wait_s = deadline - time.monotonic()
+            if wait_s <= 0:
+                break
+            ready = set(wait_for([w.pidfd for w in left if w.pidfd is not None], wait_s))
+            left = [w for w in left if w.pidfd not in ready or not self._reaped(w)[0]]
+        for worker in left:
+            worker.kill()
+            self._reaped(worker, block=True)
 
     def _spawn(self) -> _Worker:
         """Ask the zygote for a worker; its pid arrives later on ``_ctl``."""
@@ -687,6 +939,10 @@ class _ForkPool:
             for worker in self._workers:
                 if worker.ident == ident:
                     worker.pid = pid
+                    if worker.doomed:
+                        # Its chunk timed out or was aborted meanwhile, or
+                        # terminate_workers() / kill_workers() came.
+                        worker.kill(worker.doomed)
             return
         pid, exitcode = int(first), int(second)
         for worker in self._workers:
@@ -750,6 +1006,8 @@ class _ForkPool:
 
     def _loop(self) -> None:
         while True:
+            if self._forced and not self._forced_sent:
+                self._signal_all()
             self._dispatch()
             with self._lock:
                 if self._pause_requested:
@@ -765,6 +1023,7 @@ class _ForkPool:
                     return
             # Every live worker's pipe: a reply, or EOF when it dies.
             conns = [w.conn for w in self._workers if not w.lost]
+            pidfds = {w.pidfd: w for w in self._workers if w.pidfd is not None}
             deadlines = [w.deadline for w in self._workers if w.deadline is not None]
             # Capped: a far deadline (task_timeout of a year) overflows the poll.
             wait_s = (
@@ -772,18 +1031,46 @@ class _ForkPool:
                 if not deadlines
                 else min(MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
             )
-            ready = set(wait_for([self._wake_r, self._ctl, *conns], wait_s))
+            ready = set(wait_for([self._wake_r, self._ctl, *conns, *pidfds], wait_s))
             if self._wake_r in ready:
                 os.read(self._wake_r, 65536)
             for worker in list(self._workers):
                 if worker.conn in ready and not worker.lost:
                     self._receive(worker)
+            for fd, worker in pidfds.items():
+                if fd in ready:
+                    # A worker forked here has exited (after its last reply, read above).
+                    exited, exitcode = self._reaped(worker)
+                    if exited:
+                        worker.lost = True
+                        self._bury(worker, exitcode)
             if deadlines:
                 self._stop_overdue()
             if self._aborting:
                 self._stop_aborted()
             if self._ctl in ready:
                 self._read_ctl()
+
+    def _signal_all(self) -> None:
+        """Send the signal :meth:`signal_workers` asked for to every worker (dispatcher only)."""
+        self._forced_sent = True
+        signum = self._forced
+        with self._lock:
+            unsent = list(self._unsent)  # taken by the dispatcher already: running
+            self._unsent.clear()
+            queued = list(self._queue)
+            self._queue.clear()
+        for task in queued:
+            if task.future.cancel():
+                task.future.set_running_or_notify_cancel()
+        for task in unsent:
+            task.future.set_exception(
+                BrokenProcessPool(
+                    f"{task.name} did not start: {forced_by(signum)} stopped the pool"
+                )
+            )
+        for worker in list(self._workers):
+            worker.kill(signum)
 
     def _stop_overdue(self) -> None:
         """Kill each worker whose chunk ran past its timeout; fail that chunk."""
@@ -873,8 +1160,15 @@ class _ForkPool:
         worker.lost = True  # no chunk goes to it; the zygote reports its exit
 
     def _dispatch(self) -> None:
+        # A worker the zygote has not reported yet takes a chunk too: it waits
+        # in the worker's pipe, read as soon as the worker runs (the first
+        # chunks of a new pool do not wait for the zygote's reply). Only a
+        # request the pipe's buffer surely holds: a bigger one would block
+        # this thread until the fork.
+        if self._forced:
+            return  # terminate_workers() / kill_workers(): nothing more starts
         for worker in self._workers:
-            if worker.task is not None or worker.lost or worker.pid is None:
+            if worker.task is not None or worker.lost:
                 continue
             if self._max_tasks is not None and worker.calls >= self._max_tasks:
                 self._retire(worker)  # done its share: go now, freeing its memory
@@ -882,6 +1176,10 @@ class _ForkPool:
             task = self._next_task()
             if task is None:
                 return
+            if worker.pid is None and len(task.payload or b"") > PRESEND_MAX_BYTES:
+                with self._lock:
+                    self._unsent.appendleft(task)  # for a worker that is up
+                continue
             if (
                 self._max_tasks is not None
                 and worker.calls > 0
@@ -931,7 +1229,17 @@ class _ForkPool:
         worker.conn.close()
         task, worker.task, worker.deadline = worker.task, None, None
         if task is not None:
-            if not task.sent:  # never sent: give it to another worker
+            if self._forced:
+                died = (
+                    "of it" if exitcode == -self._forced else f"with {_exit_description(exitcode)}"
+                )
+                task.future.set_exception(
+                    BrokenProcessPool(
+                        f"{task.name} did not finish: {forced_by(self._forced)} signalled "
+                        f"its worker process (pid {worker.pid}), which died {died}"
+                    )
+                )
+            elif not task.sent:  # never sent: give it to another worker
                 with self._lock:
                     self._unsent.appendleft(task)
             else:
@@ -944,7 +1252,7 @@ class _ForkPool:
                     )
                 )
             del task
-        if not self._closing or self._unsent or self._queue:
+        if not self._forced and (not self._closing or self._unsent or self._queue):
             self._workers.append(self._spawn())
 
     def _stop_workers(self) -> None:
@@ -959,38 +1267,31 @@ class _ForkPool:
             _LIVE_POOLS.discard(self)
 
     def _stop_each_worker(self) -> None:
-        """Ask every worker to exit, kill the slow ones, then let the zygote go."""
+        """Ask every worker to exit, then the zygote, which reaps them (or kills the slow ones).
+
+        The zygote exits once its workers are gone (it gives them
+        :data:`STOP_TIMEOUT_S` seconds, kills the rest, and reaps them), so
+        joining it is joining them; their exits are not reported here one by
+        one first (a round trip per worker on the way out of a ``with``).
+        """
         for worker in self._workers:
             try:
                 worker.conn.send_bytes(b"")
             except OSError:
                 pass
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        killed = False
-        while self._workers and self._zygote.is_alive():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if killed:
-                    break
-                for worker in self._workers:
-                    worker.kill()
-                killed, deadline = True, time.monotonic() + STOP_TIMEOUT_S
-                continue
-            if wait_for([self._ctl], left):
-                try:
-                    self._read_ctl()
-                except BrokenProcessPool:
-                    break
-        for worker in self._workers:
-            worker.kill()
-            worker.conn.close()
-        self._workers = []
         try:
-            self._ctl.send(b"Q")  # the zygote reaps what is left and exits
+            self._ctl.send(b"Q")  # the zygote reaps its workers and exits
         except OSError:
             pass
         self._ctl.close()
+        direct = [w for w in self._workers if w.pidfd is not None]
+        self._reap_directly(direct, STOP_TIMEOUT_S)  # those forked here
         self._zygote.join(2 * STOP_TIMEOUT_S + 1)
+        for worker in self._workers:
+            if self._zygote.is_alive() and worker not in direct:
+                worker.kill()  # a zygote that does not exit: kill its workers ourselves
+            worker.conn.close()
+        self._workers = []
         if self._zygote.is_alive():
             self._zygote.kill()
             self._zygote.join()
@@ -998,34 +1299,6 @@ class _ForkPool:
             self._zygote.close()
         except ValueError:
             pass
-
-
-#: Open files a fork pool needs besides one per worker (its zygote's socket,
-#: wake-up pipes, a replacement pool's while both run, the caller's own).
-SPARE_FILES = 64
-
-
-def _check_open_files(max_workers: int) -> None:
-    """Fail fast when ``max_workers`` pipes (two while a pool is replaced) cannot be open.
-
-    Raises:
-        ValueError: the process's open-file limit is too low, naming both fixes.
-    """
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
-        return
-    needed = 2 * max_workers + SPARE_FILES
-    if soft != resource.RLIM_INFINITY and needed > soft:
-        raise ValueError(
-            f"max_workers={max_workers} on the fork backend needs about {needed} open "
-            f"files (a pipe per worker, two pools' worth while one replaces the other), "
-            f"but this process may open {soft} (ulimit -n). Lower max_workers to at most "
-            f"{max(1, (soft - SPARE_FILES) // 2)}, or raise the limit (ulimit -n, or "
-            f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) before creating the executor)"
-        )
 
 
 class _Prepared:
@@ -1102,6 +1375,9 @@ class ForkBackend(Backend):
     pickles_closures = True
     copy_on_write = True
     stops_tasks = True
+    #: Asked for by name (multiprocessing.get_context("fork"), os.fork):
+    #: never the interpreter's default, forkserver on Linux from Python 3.14.
+    start_method = "fork"
     #: Source: benchmarks/bench_overheads.py (7 ms for 2 workers; 120-150 us
     #: per one-item chunk; 2-core machine, 2026-11-29).
     worker_startup_s = 0.004
@@ -1121,7 +1397,7 @@ class ForkBackend(Backend):
         self._initializer = initializer
         self.max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
         self._box = _initializer.Breakage()
-        _check_open_files(self.max_workers)
+        check_open_files(self.max_workers, self.name)
         self._cpu_count = cpu_count
         self._lock = threading.RLock()
         self._entries: dict[Hashable, _Entry] = {}
@@ -1241,13 +1517,19 @@ class ForkBackend(Backend):
             return live
 
     def _pool_covering(
-        self, token: int | None, since: int | None = None, digest: bytes | None = None
+        self,
+        token: int | None,
+        since: int | None = None,
+        digest: bytes | None = None,
+        first: _Task | None = None,
     ) -> _ForkPool:
         """The pool to run on: one that inherited ``token`` after epoch ``since``.
 
         Starts a new pool when the current one cannot serve (none, stopping,
-        ``token`` not inherited, or forked before ``since``), handing it the
-        old pool's queued chunks. A new pool records ``digest`` for ``token``.
+        ``token`` not inherited, or forked before ``since``); the old one runs
+        its queued chunks out. A new pool records ``digest`` for ``token``,
+        and may take ``first`` at its start (:attr:`_ForkPool.took_first`:
+        then it must not be submitted).
         """
         with self._lock:
             self._box.raise_if_broken()
@@ -1275,6 +1557,7 @@ class ForkBackend(Backend):
                     initargs=self._initargs,
                     max_tasks_per_child=self.max_tasks_per_child,
                     box=self._box,
+                    first=first,
                 )
                 pool.born = born
                 if token is not None and digest is not None:
@@ -1320,12 +1603,16 @@ class ForkBackend(Backend):
                 # In this thread: a new pool forks its zygote here, never in the sender.
                 if isinstance(fn, _Prepared):
                     # Every chunk of one call (a map's, a retry) on one snapshot.
-                    if fn.pool is None or not fn.pool.takes_pinned:
-                        fn.bind(self._pool_covering(token, since, digest))
-                    assert fn.pool is not None
-                    fn.pool.submit(task, pinned=True)
+                    pool = fn.pool
+                    if pool is None or not pool.takes_pinned:
+                        pool = self._pool_covering(token, since, digest, task)
+                        fn.bind(pool)
+                    if task.pool is None:  # not taken by a new pool at its start
+                        pool.submit(task, pinned=True)
                 else:
-                    self._pool_covering(token, since, digest).submit(task)
+                    pool = self._pool_covering(token, since, digest, task)
+                    if task.pool is None:
+                        pool.submit(task)
         except BaseException:
             if inline:
                 task.future.cancel()  # releases its lease
@@ -1384,6 +1671,20 @@ class ForkBackend(Backend):
             self._cache.close()
         else:
             self._sender.put(self._cache.close)  # after the pickles queued before it
+
+    def signal_workers(self, signum: int) -> None:
+        """Send ``signum`` to every worker of every pool; cancel what has not started.
+
+        See :meth:`Backend.signal_workers`. No worker is replaced, and each
+        pool's zygote (which forks the workers and runs no user code) is
+        stopped as at shutdown once its workers are gone. Returns at once.
+        """
+        with self._lock:
+            self._closed = True
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.signal_workers(signum)
+        self.shutdown(wait=False, cancel_futures=True)  # the pickles and the cache
 
     def terminate(self) -> None:
         """Stop now: cancel queued chunks and kill the workers running chunks."""

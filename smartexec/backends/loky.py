@@ -33,6 +33,8 @@ chunk would pickle the whole object.
 from __future__ import annotations
 
 import collections
+import contextlib
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -53,9 +55,13 @@ from .._sender import Sender, quick_to_pickle
 from .._system import WORKER_ENV
 from ..errors import InitializerError, WorkerCrashedError
 from ..inspection import callable_name
-from ._base import Backend
+from ._base import Backend, check_open_files, forced_by
 
 __all__ = ["LokyBackend"]
+
+
+#: Seconds to wait for each signalled loky worker to exit (signal_workers).
+JOIN_S = 5.0
 
 
 class _ReplyFuture(ChainedFuture):
@@ -153,6 +159,9 @@ class LokyBackend(Backend):
 
     name = "loky"
     pickles_closures = True
+    #: loky's own context: fork+exec, a fresh interpreter (as spawn), whatever
+    #: multiprocessing's default.
+    start_method = "loky"
     #: Source: benchmarks/bench_overheads.py (2 workers start in ~0.2 s with
     #: their imports; 240-290 us per one-item chunk; 2-core machine, 2026-11-29).
     worker_startup_s = 0.1
@@ -167,6 +176,7 @@ class LokyBackend(Backend):
         initargs: tuple[Any, ...] = (),
     ):
         super().__init__(max_workers, cpu_count)
+        check_open_files(self.max_workers, self.name)
         self._initargs = _initializer.check(initializer, initargs)
         self._initializer = initializer
         self._box = _initializer.Breakage()
@@ -308,7 +318,8 @@ class LokyBackend(Backend):
             except BaseException as exc:  # loky refused it (shut down at exit)
                 with self._lock:
                     self._in_loky.discard(future)
-                future.set_exception(detach_traceback(exc))
+                with contextlib.suppress(InvalidStateError):  # failed by signal_workers()
+                    future.set_exception(detach_traceback(exc))
                 continue
             future._follow(inner)
             future.add_done_callback(self._finished)
@@ -428,6 +439,73 @@ class LokyBackend(Backend):
         if pool is not None:
             pool.shutdown(wait=False, kill_workers=False)
             self._cache.close()
+
+    def signal_workers(self, signum: int) -> None:
+        """Send ``signum`` to loky's workers; cancel what has not started.
+
+        See :meth:`Backend.signal_workers`. ``SIGKILL`` goes through loky's
+        public ``shutdown(kill_workers=True)``, which also kills the workers'
+        own children; any other signal is sent as ``SIGTERM``, for which
+        loky has no public way: its worker
+        processes (``ProcessPoolExecutor._processes``) are each sent it, and
+        where that attribute is gone (a later loky), they are killed
+        instead. Once one worker dies loky breaks its pool and kills the
+        others, so the chunks loky runs fail here at once with
+        ``BrokenProcessPool``. With ``SIGKILL`` it returns once loky's
+        workers are gone (milliseconds); otherwise at once, and the pool is
+        joined on the backend's own thread.
+        """
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            queued = list(self._queue)
+            self._queue.clear()
+            running = list(self._in_loky)
+            self._drained.notify_all()
+        for future in queued:
+            if future.cancel():
+                future.set_running_or_notify_cancel()
+        if pool is None:
+            self._cache.close()
+            return
+        kill = signum == getattr(signal, "SIGKILL", None)
+        found = getattr(pool, "_processes", None)
+        processes = list(found.values()) if isinstance(found, dict) else []
+        if not isinstance(found, dict):
+            kill = True
+        for future in running:  # before loky fails them with its own words
+            with contextlib.suppress(InvalidStateError):
+                future.set_exception(
+                    BrokenProcessPool(
+                        f"{future._name} did not finish: {forced_by(signum)} signalled "
+                        f"the loky worker processes"
+                    )
+                )
+        if not kill:
+            for process in processes:
+                # As the stdlib's: Process.terminate() signals only a process
+                # not reaped yet (never a reused pid).
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    if process.is_alive():
+                        process.terminate()
+
+        def join() -> None:
+            # One shutdown call, with wait: after shutdown(wait=False) loky
+            # keeps its manager thread (and its queues' named semaphores)
+            # until the interpreter exits.
+            pool.shutdown(wait=True, kill_workers=kill)
+            for process in processes:  # loky kills them without waiting for them
+                with contextlib.suppress(OSError, ValueError, AttributeError, AssertionError):
+                    process.join(JOIN_S)
+            # Named segments (the fallback) of replies the workers made and
+            # nobody will read; anonymous memory died with them.
+            transport.sweep_dead_workers()
+            self._cache.close()
+
+        if kill:
+            join()  # SIGKILL: over in milliseconds, as terminate() is
+        else:
+            self._sender.put(join)  # a worker may outlive SIGTERM: not here
 
     def terminate(self) -> None:
         """Stop now: cancel chunks not started and kill loky's workers."""

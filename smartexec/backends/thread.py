@@ -9,7 +9,9 @@ CPUs (:class:`smartexec._blas.ThreadCap`).
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -19,9 +21,18 @@ from .. import _initializer
 from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
+from ..gil import sched_times
 from ._base import Backend
 
 __all__ = ["ThreadBackend"]
+
+#: Whether chunks on threads take a GIL watch (a sampler thread each, ~0.2 ms
+#: a chunk and a thread switch or more under load). A map on threads reads
+#: the kind from the cores its threads wanted (``ThreadBackend.threads_wanted_s``,
+#: Linux schedstat) and their CPU clocks, not from watches, which see the
+#: caller and the other pool threads hold the GIL too; only where schedstat
+#: cannot be read do watches help decide (see ``_rerouting.Evidence``).
+WATCH_GIL = sched_times() is None
 
 
 class _ThreadInit:
@@ -95,10 +106,77 @@ class ThreadBackend(Backend):
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pending = 0  # chunks submitted and not finished
+        # submit_call() calls sent and ended (ran, or failed to be sent): two
+        # counters, each next() atomic, so a call takes no lock of ours. A
+        # call cancelled before it ran never ends: the pool then never looks
+        # idle to release_idle() (it stays, as it would with calls queued).
+        self._calls_in = itertools.count()
+        self._calls_out = itertools.count()
         self._closed = False
         _LIVE_THREAD_BACKENDS.add(self)
 
-    def _take_pool(self) -> ThreadPoolExecutor:
+    def _live_threads(self) -> list[threading.Thread] | None:
+        """The pool's threads alive now, or None before the pool starts."""
+        pool = self._pool
+        if pool is None:
+            return None
+        return [t for t in list(getattr(pool, "_threads", ())) if t.is_alive()]
+
+    def threads_wanted_s(self) -> float | None:
+        """Seconds this backend's live pool threads were on a CPU or queued for one, or None.
+
+        Read from ``/proc/self/task/<tid>/schedstat`` (Linux); None where
+        that file cannot be read. Unlike their CPU time, it does not drop
+        when a busy machine leaves the threads short of CPUs: threads that
+        release the GIL are all runnable (about one core each), threads
+        that take turns on it one at a time (about one core together),
+        threads that wait for I/O seldom.
+        """
+        threads = self._live_threads()
+        if threads is None:
+            return None
+        total = 0.0
+        for thread in threads:
+            ident = thread.native_id
+            if ident is None:
+                continue
+            times = sched_times(ident)
+            if times is None:
+                if thread.is_alive():
+                    return None  # no schedstat here
+                continue  # it ended meanwhile
+            total += times[0] + times[1]
+        return total
+
+    def threads_cpu_s(self) -> float | None:
+        """CPU seconds used so far by this backend's pool threads (live ones), or None.
+
+        Read from each thread's CPU clock (``time.pthread_getcpuclockid``);
+        None where that clock does not exist. The map's router reads it to
+        tell items that wait from items that take turns on the GIL.
+        """
+        threads = self._live_threads()
+        getclock = getattr(time, "pthread_getcpuclockid", None)
+        if threads is None or getclock is None:
+            return None
+        total = 0.0
+        for thread in threads:
+            ident = thread.ident
+            if ident is None:
+                continue
+            try:
+                total += time.clock_gettime(getclock(ident))
+            except (OSError, ValueError):
+                continue  # it ended meanwhile
+        return total
+
+    def _take_pool(self, chunk: bool = True) -> ThreadPoolExecutor:
+        """The pool (started on demand); ``chunk``: count a chunk pending on it.
+
+        Raises:
+            RuntimeError: the backend was shut down.
+            ThreadInitializerError: the initializer failed.
+        """
         with self._lock:
             self._box.raise_if_broken()
             if self._closed:
@@ -113,12 +191,17 @@ class ThreadBackend(Backend):
                         else _ThreadInit(self._initializer, self._initargs, self._box)
                     ),
                 )
-            self._pending += 1
+            if chunk:
+                self._pending += 1
             return self._pool
 
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
             self._pending -= 1
+
+    def _calls_idle(self) -> bool:
+        """Whether every submit_call() call sent has ended (reads both counters, advancing neither)."""
+        return _peek(self._calls_in) == _peek(self._calls_out)
 
     def release_idle(self) -> None:
         """Let the pool's threads exit if no chunk is pending (a new pool starts on demand).
@@ -127,7 +210,7 @@ class ThreadBackend(Backend):
         idle thread of ours.
         """
         with self._lock:
-            pool = self._pool if self._pending == 0 else None
+            pool = self._pool if self._pending == 0 and self._calls_idle() else None
             if pool is not None:
                 self._pool = None
         if pool is not None:
@@ -176,6 +259,53 @@ class ThreadBackend(Backend):
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         return outer
 
+    def submit_call(
+        self,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_done: Callable[[float, float], None] | None = None,
+    ) -> Future[Any]:
+        """Run one call on a pool thread; return the pool's own future for it.
+
+        ``submit``'s route: no chunk, no chunk future, no callback chain,
+        no future of ours: the ``ThreadPoolExecutor``'s future is the
+        caller's, so cancelling it, ``shutdown(cancel_futures=True)`` and
+        its exceptions (any ``BaseException``) behave exactly as the
+        stdlib's do.
+
+        Args:
+            fn: the callable.
+            args: its positional arguments.
+            kwargs: its keyword arguments.
+            on_done: called in the pool thread once the call is over, before
+                its future is completed, with the call's start and end
+                (``time.perf_counter()`` seconds); not for a call cancelled
+                before it ran. Or None.
+
+        Raises:
+            RuntimeError: the backend was shut down.
+            ThreadInitializerError: the initializer failed.
+        """
+        next(self._calls_in)  # first: release_idle() must not take the pool from under it
+        try:
+            pool = self._pool
+            if pool is None or self._closed or self._box.error is not None:
+                pool = self._take_pool(chunk=False)
+            try:
+                return pool.submit(_run_call, self, fn, args, kwargs, on_done)
+            except RuntimeError:
+                if self._closed:
+                    raise
+                # release_idle() let that pool go just before this call was
+                # counted: a new pool takes it.
+                return self._take_pool(chunk=False).submit(
+                    _run_call, self, fn, args, kwargs, on_done
+                )
+        except BaseException:
+            next(self._calls_out)
+            raise
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closed = True
@@ -208,7 +338,42 @@ def _run_capped(
     if box is not None:
         box.raise_if_broken()
     with THREAD_CAP.running(cpu_count):
-        return run_chunk(fn, chunk, False, budget_s)
+        return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
+
+
+def _peek(counter: itertools.count[int]) -> int:
+    """The value ``next(counter)`` would return, without advancing it."""
+    return int(repr(counter)[6:-1])
+
+
+def _run_call(
+    backend: ThreadBackend,
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_done: Callable[[float, float], None] | None,
+) -> Any:
+    """Run one call of :meth:`ThreadBackend.submit_call` in a pool thread.
+
+    Raises:
+        ThreadInitializerError: the initializer raised (in this thread or another).
+        BaseException: whatever the call raises (its future gets it).
+    """
+    start = time.perf_counter()
+    try:
+        backend._box.raise_if_broken()
+        THREAD_CAP.enter(backend._cpu_count)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            THREAD_CAP.exit()
+    finally:
+        next(backend._calls_out)
+        if on_done is not None:
+            try:
+                on_done(start, time.perf_counter())
+            except Exception:  # pragma: no cover - stats must never lose an outcome
+                pass
 
 
 def _run_with_deadline(
@@ -225,7 +390,10 @@ def _run_with_deadline(
     if box is not None and box.error is not None:
         outer.set_exception(box.error.again())
         return
-    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    try:
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    except Exception:  # a __getattr__ that raises KeyError: still a fine callable
+        name = type(fn).__qualname__
 
     def expire() -> None:
         try:

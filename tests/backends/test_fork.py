@@ -145,7 +145,7 @@ def test_function_defined_in_main_runs_in_a_child_interpreter():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "loky [0, 3, 6, 9, 12]"
+    assert result.stdout.strip() == "fork [0, 3, 6, 9, 12]"  # sent by value
 
 
 def test_forgotten_shutdown_exits_promptly_and_leaves_no_worker():
@@ -277,8 +277,11 @@ def blas_thread_counts(_=None):
 
 def threads_in_this_process(_=None):
     import os
+    import threading
 
-    return len(os.listdir("/proc/self/task"))
+    # Less the thread that watches a callable's first chunks for the GIL.
+    watchers = sum(t.name == "smartexec-gil" for t in threading.enumerate())
+    return len(os.listdir("/proc/self/task")) - watchers
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")

