@@ -1,0 +1,215 @@
+"""One cold run of benchmarks/bench_cold.py: a fresh process, one workload, one contender.
+
+``python benchmarks/_cold_child.py '<json spec>'`` builds the workload (before
+the timer), then times the contender from creating its executor (or pool) to
+the end of its ``with`` block, and prints one line on stdout::
+
+    BENCH_COLD_RESULT {"wall_s": ..., "digest": ..., "routes": ...}
+
+or ``{"error": "..."}`` when the contender cannot run the workload (a closure
+in ``ProcessPoolExecutor``: a pickling error). ``digest`` fingerprints the
+results (the parent checks every contender got the serial loop's). For
+smartexec, ``routes`` holds where the items ran (``stats()``: backend ->
+items, in the order ``decisions()`` first names them) and ``decisions``
+each logged decision's backend (with its first chunksize, for a map's entry).
+
+This file runs as ``__main__``: :func:`main_loop` and the closure made by
+:func:`make_closure` are the benchmark's ``__main__`` function and closure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+MARKER = "BENCH_COLD_RESULT "
+
+
+def main_loop(n: int) -> int:
+    """``_cold_workloads.python_loop``, defined in ``__main__`` (not importable)."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def make_closure(n: int) -> Any:
+    def work(i: int) -> int:
+        total = 0
+        for j in range(n + i):
+            total += j * j
+        return total
+
+    return work
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    return value
+
+
+def digest(results: list[Any]) -> str:
+    return hashlib.sha1(repr([_norm(r) for r in results]).encode()).hexdigest()[:12]
+
+
+def _run_map(contender: str, fn: Any, iterables: tuple[list[Any], ...], cpus: int) -> Any:
+    """Run and time one map; return (seconds, results, executor or None)."""
+    n = len(iterables[0])
+    if contender == "serial":
+        start = time.perf_counter()
+        results = [fn(*args) for args in zip(*iterables)]
+        return time.perf_counter() - start, results, None
+    if contender == "threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor() as ex:
+            results = list(ex.map(fn, *iterables))
+        return time.perf_counter() - start, results, None
+    if contender.startswith("process-"):
+        from concurrent.futures import ProcessPoolExecutor
+
+        chunksize = 1 if contender == "process-1" else max(1, n // (4 * cpus))
+        start = time.perf_counter()
+        with ProcessPoolExecutor() as ex:
+            results = list(ex.map(fn, *iterables, chunksize=chunksize))
+        return time.perf_counter() - start, results, None
+    if contender in ("joblib", "joblib-threads"):
+        from joblib import Parallel, delayed
+
+        prefer = "threads" if contender == "joblib-threads" else None
+        call = delayed(fn)
+        start = time.perf_counter()
+        results = Parallel(n_jobs=-1, prefer=prefer)(call(*args) for args in zip(*iterables))
+        return time.perf_counter() - start, results, None
+    if contender == "mpire":
+        from mpire import WorkerPool
+
+        # mpire unpacks a tuple item into arguments: one iterable goes as it is.
+        items = iterables[0] if len(iterables) == 1 else list(zip(*iterables))
+        start = time.perf_counter()
+        with WorkerPool(n_jobs=cpus, start_method="fork") as pool:
+            results = pool.map(fn, items)
+        return time.perf_counter() - start, results, None
+    if contender == "hand-fork":
+        import multiprocessing
+
+        import _cold_workloads as cw
+
+        (items,) = iterables
+        cw.HAND_TARGET = fn  # before the fork: the workers inherit it
+        start = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(cpus) as pool:
+            results = pool.map(cw.hand_call, items)  # chunksize len / (4 x workers)
+        return time.perf_counter() - start, results, None
+    if contender == "smartexec":
+        from smartexec import SmartExecutor
+
+        start = time.perf_counter()
+        with SmartExecutor() as ex:
+            results = list(ex.map(fn, *iterables))
+        return time.perf_counter() - start, results, ex
+    raise ValueError(f"unknown contender {contender!r}")
+
+
+def _run_submit(contender: str, fn: Any, iterables: tuple[list[Any], ...]) -> Any:
+    """Run and time a submit loop; return (seconds, results, executor or None)."""
+    if contender == "serial":
+        start = time.perf_counter()
+        results = [fn(*args) for args in zip(*iterables)]
+        return time.perf_counter() - start, results, None
+    if contender == "threads":
+        from concurrent.futures import ThreadPoolExecutor as make
+    elif contender == "process-1":
+        from concurrent.futures import ProcessPoolExecutor as make
+    elif contender == "smartexec":
+        from smartexec import SmartExecutor as make
+    else:
+        raise ValueError(f"{contender!r} does not run submit loops")
+    start = time.perf_counter()
+    with make() as ex:
+        futures = [ex.submit(fn, *args) for args in zip(*iterables)]
+        results = [f.result() for f in futures]
+    return time.perf_counter() - start, results, ex if contender == "smartexec" else None
+
+
+_PREDICTED = re.compile(r"predicted for the (\d+) items left: (.*?) -> ")
+
+
+def _prediction(decisions: Any) -> dict[str, Any] | None:
+    """What the map's settling decision predicted for the route it ended on.
+
+    ``{"left": items left then, "route": ..., "seconds": predicted for them}``,
+    from the reason ``explain()`` shows ("predicted for the N items left:
+    fork 0.47 s, thread 0.16 s -> the rest moves to thread"); None when the
+    map settled on no prediction.
+    """
+    for decision in reversed(decisions):
+        for reason in decision.reasons:
+            found = _PREDICTED.search(reason)
+            if found is None:
+                continue
+            figures = dict(
+                (route, float(value))
+                for route, value in re.findall(r"(\w+) ([\d.]+) s", found.group(2))
+            )
+            route = decision.backend
+            if "moves to inline" in reason:
+                route = "inline"
+            if route in figures:
+                return {"left": int(found.group(1)), "route": route, "seconds": figures[route]}
+    return None
+
+
+def routes(ex: Any) -> dict[str, Any]:
+    """Where smartexec ran the items, from ``stats()`` and ``decisions()``."""
+    out: dict[str, Any] = {}
+    try:
+        decisions = ex.decisions()
+        out["decisions"] = [
+            d.backend if d.chunksize is None else f"{d.backend}(cs {d.chunksize})"
+            for d in decisions
+        ]
+        predicted = _prediction(decisions)
+        if predicted is not None:
+            out["predicted"] = predicted
+        items = {name: s.items for name, s in ex.stats().backends.items() if s.items}
+        order = [d.backend for d in decisions if d.backend in items]
+        order += [name for name in items if name not in order]
+        out["items"] = {name: items[name] for name in dict.fromkeys(order)}
+    except Exception as exc:  # the API moves under issue 14: report, do not fail
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    import _cold_workloads as cw
+
+    workload = cw.BY_NAME[spec["workload"]]
+    params = cw.Params(**spec["params"])
+    job = workload.build(params, {"loop": main_loop, "closure": make_closure})
+    cpus = os.cpu_count() or 1
+    contender = spec["contender"]
+    try:
+        if workload.kind == "submit":
+            seconds, results, ex = _run_submit(contender, job.fn, job.iterables)
+        else:
+            seconds, results, ex = _run_map(contender, job.fn, job.iterables, cpus)
+    except Exception as exc:
+        out: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    else:
+        out = {"wall_s": seconds, "digest": digest(list(results)), "n": len(results)}
+        if ex is not None:
+            out["routes"] = routes(ex)
+    print(MARKER + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
