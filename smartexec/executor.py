@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 from . import _initializer, _profiles, _threads
 from ._diagnose import is_pickling_failure, pickling_error
 from ._futures import ChainedFuture
-from ._identity import WeakCallable, identity_key
+from ._identity import WeakCallable, identity_key, lives_with_its_module
 from ._mapping import (
     PICKLE_SAMPLE,
     TINY_ITEM_S,
@@ -192,6 +192,7 @@ def _factory(name: str) -> type[Backend]:
 #: wait (IPython's history thread writes after each cell), so that the route
 #: does not depend on the instant it was decided.
 ROUTE_SETTLE_S = 0.05
+
 
 def _other_threads() -> int:
     """The user's threads running besides the calling one (see :mod:`smartexec._threads`).
@@ -1060,7 +1061,9 @@ class SmartExecutor(Executor):
             return
         fast = self._fast_submits  # the weakref callback must not hold self
         handle = WeakCallable(fn, lambda: fast.pop(key, None))
-        if handle.weak:  # never keep the user's object alive
+        # Never keep the user's object alive; a module's C function lives
+        # with its module anyway (operator.add: the commonest tiny submit).
+        if handle.weak or lives_with_its_module(fn):
             fast[key] = (handle, verdict, run_call, record)
 
     def _learned_route(self, fn: Callable[..., Any]) -> Decision | None:
@@ -1299,29 +1302,27 @@ class SmartExecutor(Executor):
             if initialize is not None:
                 initialize()  # backend="inline" runs the initializer in this thread
             return lazy_inline(fn, inputs, self._stats.inline)
-        # Its last map moved to a loop here (measured too cheap to send, and
-        # threads gained nothing): start there, in C-level batches re-checked
-        # as they go, with no thread started nor items sent to find it again.
-        loop_here = (
-            estimate.loop_here
-            and backend.shares_memory
-            and chunksize is None
-            and timeout is None
+        # Routing is the executor's to tune only where the user fixed none of
+        # it: no chunksize, backend, deadline, initializer, nor a callable
+        # shared by copy-on-write (its writes must stay in the workers).
+        tunable = (
+            chunksize is None
             and self._options.backend is None
-            and self._options.prefer is None
             and task_timeout is None
             and not decision.share
             and self._initializer is None
         )
-        if (
-            not self._allow_inline
-            and not loop_here
-            and chunksize is None
-            and self._options.backend is None
-            and task_timeout is None
-            and not decision.share
-            and self._initializer is None
-        ):
+        # Its last map moved to a loop here (measured too cheap to send, and
+        # threads gained nothing): start there, in C-level batches re-checked
+        # as they go, with no thread started nor items sent to find it again.
+        loop_here = (
+            tunable
+            and estimate.loop_here
+            and backend.shares_memory
+            and timeout is None
+            and self._options.prefer is None
+        )
+        if tunable and not loop_here and not self._allow_inline:
             return self._routed_map(
                 fn, decision, estimate, backend, inputs, remaining, buffersize, end_time, ordered
             )
@@ -1349,12 +1350,8 @@ class SmartExecutor(Executor):
             and self._parallelism(backend, decision) <= 1
         )
         auto = (
-            chunksize is None
-            and self._options.backend is None
+            tunable
             and timeout is None
-            and task_timeout is None
-            and not decision.share
-            and self._initializer is None
             and (gil_check or not backend.shares_memory or parallel_already or loop_here)
         )
 
