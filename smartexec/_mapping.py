@@ -108,7 +108,9 @@ class ChunkStream:
         calls: the remaining ``(args, kwargs)`` items, consumed lazily.
         remaining: how many items ``calls`` holds, or None when unknown.
         n_workers: workers of the backend.
-        overhead_s: the backend's cost per chunk, seconds.
+        overhead_s: the backend's cost per chunk, seconds; kept as the
+            attribute ``chunk_overhead_s``, which a caller may raise when it
+            measures a dearer one (a big argument proven once per chunk).
         estimate: per-item estimate to read and update; None when the caller
             fixed the chunksize.
         fixed_chunksize: the caller's chunksize, or None to tune.
@@ -183,7 +185,7 @@ class ChunkStream:
         self._remaining = remaining
         self._length = remaining or 0  # the input's length when the map started
         self._workers = n_workers
-        self._overhead_s = overhead_s
+        self.chunk_overhead_s = overhead_s
         self._estimate = estimate
         self._fixed = fixed_chunksize
         self._buffersize = buffersize
@@ -231,7 +233,7 @@ class ChunkStream:
                 # work at once, and the first figures come back soonest.
                 size = 1
             return min(size, MAX_CHUNK_ITEMS), None
-        size = chunksize(per_item, self._workers, self._overhead_s, self._remaining)
+        size = chunksize(per_item, self._workers, self.chunk_overhead_s, self._remaining)
         return size, chunk_budget_s(per_item, size)
 
     def _take(self, size: int) -> tuple[list[Call], BaseException | None]:

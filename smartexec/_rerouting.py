@@ -84,6 +84,10 @@ TRIM_MIN_CHUNKS = 10
 TRIM = 0.1
 CHEAP_ITEM_S = 50e-6
 
+#: Items in the larger chunks, as a multiple of the smallest, for
+#: :meth:`Evidence.per_chunk_send` to compare sending costs.
+PER_CHUNK_MIN_RATIO = 8
+
 #: Chunks after which the evidence is used as it stands, agreed or not.
 MAX_SAMPLES = 16
 
@@ -108,8 +112,9 @@ class Evidence:
             waiting for I/O from waiting for the GIL; the process's can:
             about 0 when the items wait, about 1 core when they take turns
             on the GIL, up to the CPU count when they release it.
-        sent: per chunk sent to a process backend, the caller's seconds
-            per item to send it (pickling, shared memory); see :meth:`send_s`.
+        sent: per chunk sent to a process backend, ``(items, seconds)`` the
+            caller spent sending it (pickling, shared memory); see
+            :meth:`send_s` and :meth:`per_chunk_send`.
         wanted_cores: as ``process_cores``, but the seconds those threads
             were runnable (on a CPU or queued for one, Linux's schedstat),
             or None where that cannot be read. A machine short of CPUs
@@ -127,7 +132,7 @@ class Evidence:
     on_threads: bool = False
     process_cores: float | None = None
     wanted_cores: float | None = None
-    sent: list[float] = field(default_factory=list)
+    sent: list[tuple[int, float]] = field(default_factory=list)
 
     def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
         """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
@@ -166,7 +171,7 @@ class Evidence:
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""
         if n_items > 0 and len(self.sent) < MAX_SAMPLES:
-            self.sent.append(seconds / n_items)
+            self.sent.append((n_items, seconds))
 
     def send_s(self, estimated: float) -> float:
         """Seconds per item to send: the chunks' own (median), if dearer than ``estimated``.
@@ -179,7 +184,34 @@ class Evidence:
         """
         if not self.sent:
             return estimated
-        return max(estimated, statistics.median(self.sent))
+        return max(estimated, statistics.median(t / n for n, t in self.sent))
+
+    def per_chunk_send(self, estimated: float) -> tuple[float, float] | None:
+        """``(seconds per chunk, seconds per item)`` to send, when the cost is mostly per chunk; else None.
+
+        The same big argument in every call (one 20 MiB array) is proven
+        unchanged once per chunk by the send-once cache (pickle's memo does
+        the same within one pickle), so a chunk of 75 items costs the caller
+        about what a chunk of one does, while :meth:`send_s` and the
+        estimate price each item as a separate send. Told apart by the
+        sends themselves: one-item chunks that paid at least half the
+        estimate, and chunks of :data:`PER_CHUNK_MIN_RATIO` times as many
+        items that cost under a quarter of that per item. Otherwise (equal
+        chunks, or sends pickled off the caller's thread, which cost the
+        caller the same microseconds whatever they carry) None.
+        """
+        if len(self.sent) < 2:
+            return None
+        small = min(n for n, _ in self.sent)
+        large = max(n for n, _ in self.sent)
+        if large < PER_CHUNK_MIN_RATIO * small:
+            return None
+        few = statistics.median(t for n, t in self.sent if n == small)
+        many = statistics.median(t for n, t in self.sent if n * 2 >= large)
+        if few / small < 0.5 * estimated or many / large >= 0.25 * few / small:
+            return None
+        per_item = max(0.0, (many - few) / (large - small))
+        return max(0.0, few - per_item * small), per_item
 
     @property
     def per_item_s(self) -> float:

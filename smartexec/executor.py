@@ -86,6 +86,7 @@ from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
+from .tuning import chunksize as tuned_chunksize
 
 __all__ = ["SmartExecutor"]
 
@@ -1710,13 +1711,26 @@ class SmartExecutor(Executor):
         if backend.name == "thread":
             candidates["inline"] = (1, 0.0)
             alternative = alternative or decision
+        if backend.shares_memory:
+            send_s = estimate.pickle_parent_s
+        else:
+            send_s = evidence.send_s(estimate.pickle_parent_s)
+            per_chunk = evidence.per_chunk_send(estimate.pickle_parent_s)
+            if per_chunk is not None:
+                # A cost paid once per chunk (a repeated big argument, proven
+                # unchanged once per chunk): the rest's chunks grow until it
+                # is a small share of their work, and are priced at that size.
+                overhead_s = backend.chunk_overhead_s + per_chunk[0]
+                size = tuned_chunksize(
+                    evidence.per_item_s, backend.max_workers, overhead_s, stream.remaining
+                )
+                send_s = per_chunk[1] + per_chunk[0] / size
+                stream.chunk_overhead_s = overhead_s
         verdict = reroute(
             evidence,
             current=backend.name,
             candidates=candidates,
-            send_s=evidence.send_s(estimate.pickle_parent_s)
-            if not backend.shares_memory
-            else estimate.pickle_parent_s,
+            send_s=send_s,
             rest=stream.remaining,
             cpus=cpus,
         )

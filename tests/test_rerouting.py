@@ -293,3 +293,30 @@ def test_the_per_item_figure_cuts_one_stall_and_prices_a_heavy_tail_near_its_mea
     for ms in (1, 2, 9):  # under ten chunks: the weighted median
         few.add(1, ms / 1000, ms / 1000, None)
     assert few.per_item_s == pytest.approx(0.002)
+
+
+def test_a_cost_paid_once_per_chunk_is_told_from_one_paid_per_item():
+    # The same 20 MiB array in every call: proven once per chunk, so a chunk of
+    # 63 items costs the caller about what a chunk of one does.
+    repeated = Evidence(2)
+    for n, seconds in [(1, 0.007)] * 7 + [(63, 0.009)] * 2:
+        repeated.add_send(n, seconds)
+    per_chunk, per_item = repeated.per_chunk_send(0.007)
+    assert per_chunk == pytest.approx(0.007 - per_item)
+    assert per_item == pytest.approx(0.002 / 62)
+    # Distinct big arguments: each item pays its own send, chunk or not.
+    distinct = Evidence(2)
+    for n, seconds in [(1, 0.007)] * 7 + [(63, 0.44)] * 2:
+        distinct.add_send(n, seconds)
+    assert distinct.per_chunk_send(0.007) is None
+    # Sends pickled off the caller's thread cost it the same microseconds
+    # whatever they carry: they do not pass for a per-chunk cost.
+    queued = Evidence(2)
+    for n, seconds in [(1, 2e-5)] * 7 + [(63, 2e-5)] * 2:
+        queued.add_send(n, seconds)
+    assert queued.per_chunk_send(0.007) is None
+    # Chunks of one size alone tell nothing.
+    alone = Evidence(2)
+    for _ in range(5):
+        alone.add_send(1, 0.007)
+    assert alone.per_chunk_send(0.007) is None
