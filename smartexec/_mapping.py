@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from ._remote import Call, ChunkResult, run_chunk
 from .errors import TaskTimeoutError, WorkerCrashedError
-from .transport import estimate_send_s
+from .transport import SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
 from .tuning import (
     MAX_CHUNK_ITEMS,
     PROBE_S,
@@ -651,24 +651,43 @@ PICKLE_SAMPLE_S = 0.005
 def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:
     """Time sending a sample of arguments and results; store the per-item cost.
 
-    When the first item shows that the whole sample pickles within
+    When pickling the first item shows that the whole sample pickles within
     :data:`PICKLE_SAMPLE_S`, the sample is pickled in one go, as a chunk is
     sent: one pickler's set-up (a few microseconds) is shared by its items,
     as in a chunk, instead of being charged to each (small items read ~20x
     too dear, and maps of 5 us items that a process pool wins stayed
-    inline). Otherwise item by item, until :data:`PICKLE_SAMPLE_S` seconds
-    were spent. Big buffers are not pickled but counted at the cost of
-    putting them in shared memory, as :mod:`smartexec.transport` will (so a
-    sample of 16 MB arrays costs microseconds to measure, not a 16 MB pickle
-    each).
+    inline), and a big argument that every item holds counts once, as a
+    chunk sends it once. The price of such shared buffers is stored apart,
+    as ``estimate.send_per_chunk_s`` (the same 20 MiB array in 5,000 calls
+    was priced 7 ms an item, and such maps ran as a loop that a process
+    pool's big chunks beat by 1.24x). Otherwise item by item, until
+    :data:`PICKLE_SAMPLE_S` seconds were spent. Big buffers are not pickled
+    but counted at the cost of putting them in shared memory, as
+    :mod:`smartexec.transport` will (so a sample of 16 MB arrays costs
+    microseconds to measure, not a 16 MB pickle each).
     """
     seconds = 0.0
     items = 0
     pairs = list(zip(args, results))
+    n = len(pairs)
     try:
-        if len(pairs) > 1 and estimate_send_s(pairs[0]) * len(pairs) < PICKLE_SAMPLE_S:
-            estimate.pickle_parent_s = estimate_send_s(pairs) / len(pairs)
-            return
+        if n > 1:
+            first: dict[int, int] = {}
+            pickling_s, big = send_parts(pairs[0], first)
+            # As many items as pickle within the budget, at the first one's pace.
+            n = min(n, int(PICKLE_SAMPLE_S / max(pickling_s, 1e-9)))
+            if n > 1:
+                # The others in one go, as a chunk sends them. A big buffer
+                # of the first item that they hold too (the same array in
+                # every call) is sent once per chunk: priced apart, once.
+                others: dict[int, int] = {}
+                rest_s, rest_big = send_parts(pairs[1:n], others)
+                shared = sum(nbytes for key, nbytes in first.items() if key in others)
+                estimate.send_per_chunk_s = shared * SHM_WRITE_S_PER_BYTE
+                estimate.pickle_parent_s = (
+                    2 * (pickling_s + rest_s) + (big + rest_big - 2 * shared) * SHM_WRITE_S_PER_BYTE
+                ) / n
+                return
         for item in pairs:
             seconds += estimate_send_s(item)
             items += 1
@@ -678,6 +697,7 @@ def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) ->
         return  # sending will raise a clear error later
     if items:
         estimate.pickle_parent_s = seconds / items
+        estimate.send_per_chunk_s = 0.0
 
 
 def drain(results: list[Any]) -> Iterator[Any]:

@@ -799,7 +799,11 @@ class SmartExecutor(Executor):
             # A starting point only: the first chunks' figures move it (and
             # the GIL is watched again where this route measures it).
             estimate.seed(stored.per_item_s, stored.items, stored.send_s)
-            estimate.loop_here = stored.backend == "inline"
+            # Only items too cheap for any worker to gain on start in a
+            # loop: dearer ones that a loop won for their sending costs start
+            # on threads, whose figures (and the pickling measured afresh)
+            # may send them to processes.
+            estimate.loop_here = stored.backend == "inline" and stored.per_item_s < CHEAP_ITEM_S
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
         decisions = self._decisions  # the weakref callback must not hold self
@@ -1466,7 +1470,8 @@ class SmartExecutor(Executor):
                     if backend.name in self._started
                     else backend.worker_startup_s * backend.max_workers
                 ),
-                overhead_s=backend.chunk_overhead_s,
+                overhead_s=backend.chunk_overhead_s
+                + (0.0 if backend.shares_memory else estimate.send_per_chunk_s),
             )
 
         if run.error is not None:
@@ -1715,7 +1720,13 @@ class SmartExecutor(Executor):
             send_s = estimate.pickle_parent_s
         else:
             send_s = evidence.send_s(estimate.pickle_parent_s)
-            per_chunk = evidence.per_chunk_send(estimate.pickle_parent_s)
+            # Seconds once per chunk, then per item: from the sends (one-item
+            # chunks against bigger ones), else from the pickling estimate.
+            per_chunk = evidence.per_chunk_send(
+                estimate.pickle_parent_s + estimate.send_per_chunk_s
+            )
+            if per_chunk is None and estimate.send_per_chunk_s > 0:
+                per_chunk = (estimate.send_per_chunk_s, estimate.pickle_parent_s)
             if per_chunk is not None:
                 # A cost paid once per chunk (a repeated big argument, proven
                 # unchanged once per chunk): the rest's chunks grow until it
@@ -1735,7 +1746,7 @@ class SmartExecutor(Executor):
             cpus=cpus,
         )
         ended = decision
-        estimate.loop_here = verdict.target == "inline"
+        estimate.loop_here = verdict.target == "inline" and evidence.per_item_s < CHEAP_ITEM_S
         if verdict.target == "inline":
             stream.detach()
             relay.append(InlineStream(fn, inputs, self._stats.inline))
@@ -1748,7 +1759,10 @@ class SmartExecutor(Executor):
                     decision.reasons[0],
                     "its items cost less than sending them: its next maps start in a "
                     "loop in the calling thread, whose batches re-check that (the rest "
-                    "goes to workers should the items turn slow)",
+                    "goes to workers should the items turn slow)"
+                    if estimate.loop_here
+                    else "its items cost less than sending them: its next maps start on "
+                    "threads, whose figures (the sending measured afresh) may move them",
                 ),
             )
             self._note(ended, estimate, "inline", (verdict.reason,))

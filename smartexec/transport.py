@@ -100,6 +100,7 @@ __all__ = [
     "sweep_dead_workers",
     "serve_request",
     "estimate_send_s",
+    "send_parts",
 ]
 
 #: Buffers of this many bytes or more travel through shared memory, and
@@ -453,7 +454,29 @@ def estimate_send_s(obj: Any) -> float:
     Pickles ``obj`` into nothing with big buffers out of band (not copied),
     counts the stream twice (pickled on one side, unpickled on the other)
     and big buffers once, at :data:`SHM_WRITE_S_PER_BYTE`: they are written
-    into shared memory once and mapped, not copied, on the other side.
+    into shared memory once and mapped, not copied, on the other side. A
+    buffer that ``obj`` holds twice (the same array in every call of a
+    chunk) counts once, as pickle's memo and the send-once cache send it.
+
+    Raises:
+        Exception: whatever pickling ``obj`` raises.
+    """
+    pickling_s, big = send_parts(obj)
+    return 2 * pickling_s + big * SHM_WRITE_S_PER_BYTE
+
+
+def send_parts(obj: Any, buffers: dict[int, int] | None = None) -> tuple[float, int]:
+    """``(seconds to pickle obj, bytes of its big buffers)``: what :func:`estimate_send_s` prices.
+
+    The seconds are those just spent pickling it into nothing (big buffers
+    out of band, not copied): what measuring it costs. A buffer ``obj``
+    holds twice counts once (pickle's memo).
+
+    Args:
+        obj: what to price.
+        buffers: when given, filled with ``id(exporter) -> bytes`` of each
+            big buffer (the exporter is the array or bytes object; its id
+            is valid while ``obj`` lives).
 
     Raises:
         Exception: whatever pickling ``obj`` raises.
@@ -463,17 +486,20 @@ def estimate_send_s(obj: Any) -> float:
     def offer(buffer: pickle.PickleBuffer) -> bool:
         nonlocal big
         try:
-            nbytes = buffer.raw().nbytes
+            raw = buffer.raw()
         except BufferError:
             return True
+        nbytes = raw.nbytes
         if nbytes >= BIG_BUFFER_BYTES and _shm.available():
             big += nbytes
+            if buffers is not None:
+                buffers[id(raw.obj)] = nbytes
             return False
         return True
 
     start = time.perf_counter()
     _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=offer).dump(obj)
-    return 2 * (time.perf_counter() - start) + big * SHM_WRITE_S_PER_BYTE
+    return time.perf_counter() - start, big
 
 
 # -- objects sent once -----------------------------------------------------------

@@ -104,6 +104,9 @@ class Estimate:
         items: number of items measured so far.
         pickle_parent_s: seconds per item the parent spends pickling
             arguments and unpickling results (0 on in-process backends).
+        send_per_chunk_s: seconds the parent spends once per chunk on top
+            (a big argument every call shares, sent or proven unchanged once
+            per chunk); 0 when none was found.
         last_map: what the callable's last ``map`` did (a
             :class:`~smartexec.policy.Decision`), or None.
         earlier_run: the figures came from a profile saved by an earlier run
@@ -122,6 +125,7 @@ class Estimate:
         self.per_item_s: float | None = None
         self.items = 0
         self.pickle_parent_s = 0.0
+        self.send_per_chunk_s = 0.0
         self.last_map: Any = None
         self.earlier_run = False
         self.loop_here = False

@@ -450,6 +450,34 @@ def test_small_items_are_timed_as_a_chunk_pickles_them():
     assert 0 < min(chunked) < min(one_by_one) / 3, (chunked, one_by_one)
 
 
+def test_a_big_argument_every_item_shares_is_priced_once_per_chunk():
+    # The same 20 MiB array in every call is sent (or proven unchanged) once
+    # per chunk: priced 7 ms an item, such maps ran as a loop that a process
+    # pool's big chunks beat.
+    from smartexec._mapping import measure_pickling
+    from smartexec.transport import SHM_WRITE_S_PER_BYTE
+    from smartexec.tuning import Estimate
+
+    if not _shm.available():
+        pytest.skip("no shared memory: big buffers are pickled in band")
+    array = np.zeros(20 * MiB // 8)
+    shared = Estimate()
+    measure_pickling(shared, [(array, i) for i in range(64)], list(range(64)))
+    assert shared.send_per_chunk_s == pytest.approx(array.nbytes * SHM_WRITE_S_PER_BYTE, rel=0.5)
+    assert shared.pickle_parent_s < shared.send_per_chunk_s / 20
+    # Distinct arrays: each item pays for its own, and nothing per chunk.
+    distinct = Estimate()
+    arrays = [np.zeros(2 * MiB // 8) for _ in range(8)]
+    measure_pickling(distinct, [(a, i) for i, a in enumerate(arrays)], list(range(8)))
+    assert distinct.send_per_chunk_s == 0.0
+    assert distinct.pickle_parent_s >= 2 * MiB * SHM_WRITE_S_PER_BYTE
+    # ... of unequal sizes, the first the biggest: still nothing shared.
+    mixed = Estimate()
+    arrays = [np.zeros((8 - i) * MiB // 8) for i in range(6)]
+    measure_pickling(mixed, [(a,) for a in arrays], list(range(6)))
+    assert mixed.send_per_chunk_s == 0.0
+
+
 # -- never stale (issue 13) ----------------------------------------------------------
 
 
