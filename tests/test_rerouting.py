@@ -285,14 +285,30 @@ def test_the_per_item_figure_cuts_one_stall_and_prices_a_heavy_tail_near_its_mea
     assert stalled.per_item_s == pytest.approx(0.001)
     # Durations 1, 1, 1, 1, 2, 2, 3, 4, 6, 9 ms (median 2, mean 3): the
     # middle 80 % average 2.5 ms.
+    # (Waiting items: their figure is their wall time, which a stall inflates.)
     tail = Evidence(2)
     for ms in (1, 1, 1, 1, 2, 2, 3, 4, 6, 9):
-        tail.add(1, ms / 1000, ms / 1000, None)
+        tail.add(1, ms / 1000, 0.0, None)
     assert tail.per_item_s == pytest.approx(0.0025)
     few = Evidence(2)
     for ms in (1, 2, 9):  # under ten chunks: the weighted median
-        few.add(1, ms / 1000, ms / 1000, None)
+        few.add(1, ms / 1000, 0.0, None)
     assert few.per_item_s == pytest.approx(0.002)
+
+
+def test_computing_chunks_are_priced_at_their_mean_less_outliers():
+    # CPU seconds, which a stall does not enter: the mean, so heavy-tailed
+    # items are priced at what the whole map will take (a median read 1.9x
+    # short), from the first few chunks on ...
+    tail = Evidence(2)
+    for ms in (1, 2, 9):
+        tail.add(1, ms / 1000, ms / 1000, None)
+    assert tail.per_item_s == pytest.approx(0.004)
+    # ... less a chunk over ten times the median (a first call's big import).
+    first_import = Evidence(2)
+    for ms in (124, 1, 1, 1, 1):
+        first_import.add(1, ms / 1000, ms / 1000, None)
+    assert first_import.per_item_s == pytest.approx(0.001)
 
 
 def test_a_cost_paid_once_per_chunk_is_told_from_one_paid_per_item():
@@ -320,3 +336,18 @@ def test_a_cost_paid_once_per_chunk_is_told_from_one_paid_per_item():
     for _ in range(5):
         alone.add_send(1, 0.007)
     assert alone.per_chunk_send(0.007) is None
+
+
+def test_threads_that_release_the_gil_are_priced_at_their_cpu_not_their_wait_for_a_core():
+    # Six threads sharing two cores: each chunk's wall time is 3x its CPU
+    # time. Priced at the wall, explain() predicted 4.6x the run.
+    found = Evidence(6)
+    found.on_threads = True
+    for _ in range(8):
+        found.add(1, 0.003, 0.001, None)
+    found.process_cores, found.wanted_cores = 2.0, 6.0
+    assert found.kind == "releases"
+    verdict = reroute(
+        found, current="thread", candidates={"thread": (6, 0.0)}, send_s=0.0, rest=60, cpus=2
+    )
+    assert verdict.predicted["thread"] == pytest.approx(60 * 0.001 / 2)
