@@ -13,20 +13,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["identity_key", "lives_with_its_module", "WeakCallable"]
-
-
-def lives_with_its_module(fn: Any) -> bool:
-    """Return True for a C function of a module (``operator.add``, ``math.sqrt``).
-
-    Such a function cannot be weakly referenced, but holding it keeps nothing
-    alive that its module does not: a cache may hold it strongly. A builtin
-    bound to an object or to a class (which may be a user's) is not one.
-    """
-    if not isinstance(fn, types.BuiltinFunctionType):
-        return False
-    owner = fn.__self__
-    return owner is None or isinstance(owner, types.ModuleType)
+__all__ = ["identity_key", "WeakCallable"]
 
 
 def identity_key(fn: Any) -> Hashable:

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 from . import _initializer, _profiles, _threads
 from ._diagnose import is_pickling_failure, pickling_error
 from ._futures import ChainedFuture
-from ._identity import WeakCallable, identity_key, lives_with_its_module
+from ._identity import WeakCallable, identity_key
 from ._mapping import (
     PICKLE_SAMPLE,
     TINY_ITEM_S,
@@ -1066,9 +1066,7 @@ class SmartExecutor(Executor):
             return
         fast = self._fast_submits  # the weakref callback must not hold self
         handle = WeakCallable(fn, lambda: fast.pop(key, None))
-        # Never keep the user's object alive; a module's C function lives
-        # with its module anyway (operator.add: the commonest tiny submit).
-        if handle.weak or lives_with_its_module(fn):
+        if handle.weak:  # never keep the user's object alive
             fast[key] = (handle, verdict, run_call, record)
 
     def _learned_route(self, fn: Callable[..., Any]) -> Decision | None:

@@ -277,23 +277,6 @@ def test_a_learned_submit_skips_the_routing_and_still_refuses_after_shutdown():
         ex.submit(partial_add, 1)
 
 
-def test_a_modules_c_function_takes_the_fast_path_though_it_has_no_weak_reference():
-    # operator.add cannot be weakly referenced, but lives as long as its
-    # module: holding it is safe, and it is the commonest tiny submit.
-    from smartexec._identity import identity_key, lives_with_its_module
-
-    assert lives_with_its_module(operator.add) and not lives_with_its_module([].append)
-    assert not lives_with_its_module(dict.fromkeys)  # bound to a class, maybe a user's
-    with SmartExecutor() as ex:
-        futures = [ex.submit(operator.add, i, 1) for i in range(300)]
-        assert [f.result(timeout=30) for f in futures] == [i + 1 for i in range(300)]
-        for i in range(20):  # the figures of the first calls are in by now
-            assert ex.submit(operator.add, i, 1).result(timeout=30) == i + 1
-        assert ex.explain(operator.add).backend == "thread"
-        assert identity_key(operator.add) in ex._fast_submits
-        assert ex.submit(operator.add, 40, 2).result(timeout=30) == 42
-
-
 def test_the_fast_path_keeps_no_callable_alive():
     obj = Adder()
     ref = weakref.ref(obj)
