@@ -672,7 +672,7 @@ def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) ->
     n = len(pairs)
     try:
         if n > 1:
-            first: dict[int, int] = {}
+            first: dict[int, tuple[int, Any]] = {}
             pickling_s, big = send_parts(pairs[0], first)
             # As many items as pickle within the budget, at the first one's pace.
             n = min(n, int(PICKLE_SAMPLE_S / max(pickling_s, 1e-9)))
@@ -680,9 +680,10 @@ def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) ->
                 # The others in one go, as a chunk sends them. A big buffer
                 # of the first item that they hold too (the same array in
                 # every call) is sent once per chunk: priced apart, once.
-                others: dict[int, int] = {}
+                others: dict[int, tuple[int, Any]] = {}
                 rest_s, rest_big = send_parts(pairs[1:n], others)
-                shared = sum(nbytes for key, nbytes in first.items() if key in others)
+                shared = sum(nbytes for key, (nbytes, _) in first.items() if key in others)
+                del first, others
                 estimate.send_per_chunk_s = shared * SHM_WRITE_S_PER_BYTE
                 estimate.pickle_parent_s = (
                     2 * (pickling_s + rest_s) + (big + rest_big - 2 * shared) * SHM_WRITE_S_PER_BYTE

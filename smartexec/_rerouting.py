@@ -248,7 +248,9 @@ class Evidence:
         mean of the chunks within :data:`OUTLIER_FACTOR` times the weighted
         median: the decision comes after a few chunks, where a median of
         heavy-tailed items read 1.9x short of the whole map, while a first
-        call that imports a big module is still left out.
+        call that imports a big module is still left out. Such chunks are
+        left out only while there are no more of them than workers (one
+        first call each); more are slow items, and all count.
         """
         if not self.per_item:
             return 0.0
@@ -257,6 +259,8 @@ class Evidence:
         if not self.wall_chunks:
             bound = OUTLIER_FACTOR * self._weighted_median(pairs, total)
             inside = [(s, w) for s, w in pairs if s <= bound]
+            if len(pairs) - len(inside) > self.n_workers:
+                inside = pairs  # more than a first call per worker: the items are slow
             return sum(s * w for s, w in inside) / sum(w for _, w in inside)
         if len(pairs) >= TRIM_MIN_CHUNKS:
             low, high = total * TRIM, total * (1 - TRIM)

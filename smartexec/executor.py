@@ -504,14 +504,18 @@ class SmartExecutor(Executor):
             to measure them (per-item time, pickling cost, GIL use: a
             callable found to release the GIL moves to threads), and the
             whole map when a plain loop is predicted to be as fast. False
-            (the default): such items only ever run in worker processes, so
-            a crash (a segfault in a C extension, ``os._exit``) fails its
-            item with :class:`~smartexec.errors.WorkerCrashedError` (a
-            ``BrokenProcessPool``) instead of killing this process; the
+            (the default): such items are measured only in worker processes,
+            so a crash there (a segfault in a C extension, ``os._exit``)
+            fails its item with :class:`~smartexec.errors.WorkerCrashedError`
+            (a ``BrokenProcessPool``) instead of killing this process; the
             first chunks are small, to measure the items in the workers, and
             an unmeasured callable that may hold the GIL stays on processes.
-            Callables routed to threads are measured in this process either
-            way (they run in it).
+            Once the workers' figures show threads or a loop here faster,
+            the rest of the map, the callable's later maps and submits, and
+            (through the profile store) a later run's, run in this process;
+            ``prefer="processes"`` keeps every item in workers. Callables
+            routed to threads are measured in this process either way (they
+            run in it).
         progress: the default for ``map``'s ``progress``: True draws a tqdm
             bar that counts items for every ``map``; a tqdm-like factory
             (:data:`smartexec.progress.ProgressFactory`) draws its bars;

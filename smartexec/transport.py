@@ -465,7 +465,7 @@ def estimate_send_s(obj: Any) -> float:
     return 2 * pickling_s + big * SHM_WRITE_S_PER_BYTE
 
 
-def send_parts(obj: Any, buffers: dict[int, int] | None = None) -> tuple[float, int]:
+def send_parts(obj: Any, buffers: dict[int, tuple[int, Any]] | None = None) -> tuple[float, int]:
     """``(seconds to pickle obj, bytes of its big buffers)``: what :func:`estimate_send_s` prices.
 
     The seconds are those just spent pickling it into nothing (big buffers
@@ -474,9 +474,11 @@ def send_parts(obj: Any, buffers: dict[int, int] | None = None) -> tuple[float, 
 
     Args:
         obj: what to price.
-        buffers: when given, filled with ``id(exporter) -> bytes`` of each
-            big buffer (the exporter is the array or bytes object; its id
-            is valid while ``obj`` lives).
+        buffers: when given, filled with ``id(exporter) -> (bytes,
+            exporter)`` of each big buffer: the array or bytes object that
+            exports it, held so that its id stays its own (a Fortran-ordered
+            array exports through a temporary transpose, whose id the next
+            one would reuse).
 
     Raises:
         Exception: whatever pickling ``obj`` raises.
@@ -493,7 +495,7 @@ def send_parts(obj: Any, buffers: dict[int, int] | None = None) -> tuple[float, 
         if nbytes >= BIG_BUFFER_BYTES and _shm.available():
             big += nbytes
             if buffers is not None:
-                buffers[id(raw.obj)] = nbytes
+                buffers[id(raw.obj)] = (nbytes, raw.obj)
             return False
         return True
 

@@ -309,6 +309,11 @@ def test_computing_chunks_are_priced_at_their_mean_less_outliers():
     for ms in (124, 1, 1, 1, 1):
         first_import.add(1, ms / 1000, ms / 1000, None)
     assert first_import.per_item_s == pytest.approx(0.001)
+    # More such chunks than workers are slow items, not first calls: all count.
+    slow_items = Evidence(2)
+    for ms in [10] * 11 + [200] * 5:
+        slow_items.add(1, ms / 1000, ms / 1000, None)
+    assert slow_items.per_item_s == pytest.approx((11 * 10 + 5 * 200) / 16 / 1000)
 
 
 def test_a_cost_paid_once_per_chunk_is_told_from_one_paid_per_item():

@@ -476,6 +476,12 @@ def test_a_big_argument_every_item_shares_is_priced_once_per_chunk():
     arrays = [np.zeros((8 - i) * MiB // 8) for i in range(6)]
     measure_pickling(mixed, [(a,) for a in arrays], list(range(6)))
     assert mixed.send_per_chunk_s == 0.0
+    # ... Fortran-ordered: each exports through a temporary transpose, whose
+    # id the next one would reuse; they are still told apart.
+    fortran = Estimate()
+    arrays = [np.asfortranarray(np.full((512, 512), float(i))) for i in range(8)]
+    measure_pickling(fortran, [(a,) for a in arrays], list(range(8)))
+    assert fortran.send_per_chunk_s == 0.0
 
 
 # -- never stale (issue 13) ----------------------------------------------------------
