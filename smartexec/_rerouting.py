@@ -228,6 +228,13 @@ class Evidence:
         return max(0.0, few - per_item * small), per_item
 
     @property
+    def per_item_basis(self) -> str:
+        """How :attr:`per_item_s` is taken from the chunks now, in a word or two."""
+        if not self.wall_chunks:
+            return "mean"
+        return "trimmed mean" if len(self.per_item) >= TRIM_MIN_CHUNKS else "median"
+
+    @property
     def cpu_per_item_s(self) -> float:
         """CPU seconds per item over every chunk measured (0.0 before any)."""
         return self.cpu_total_s / self.items if self.items else 0.0
@@ -417,7 +424,7 @@ class Evidence:
         )
 
     def describe(self) -> str:
-        """The figures, for ``explain()``: items, chunks, median per item, the watches' kind."""
+        """The figures, for ``explain()``: items, chunks, the time per item (and how it is taken), the watches' kind."""
         kind = self.kind
         n = len(self.watches)
         verdict = f"agree: {kind}" if kind is not None else "disagree" if n > 1 else "(too few)"
@@ -434,7 +441,8 @@ class Evidence:
         )
         return (
             f"measured in the workers: {self.items} items in {len(self.per_item)} chunks, "
-            f"median {format_seconds(self.per_item_s)} per item{watched if on_threads == '' else ''}"
+            f"{self.per_item_basis} {format_seconds(self.per_item_s)} per item"
+            f"{watched if on_threads == '' else ''}"
             f"{on_threads}"
         )
 

@@ -356,3 +356,12 @@ def test_threads_that_release_the_gil_are_priced_at_their_cpu_not_their_wait_for
         found, current="thread", candidates={"thread": (6, 0.0)}, send_s=0.0, rest=60, cpus=2
     )
     assert verdict.predicted["thread"] == pytest.approx(60 * 0.001 / 2)
+
+
+def test_explain_names_how_the_time_per_item_was_taken():
+    computing = Evidence(2)
+    computing.add(1, 0.002, 0.002, None)
+    assert "chunks, mean 2.0 ms per item" in computing.describe()
+    waiting = Evidence(2)
+    waiting.add(1, 0.002, 0.0, None)
+    assert "chunks, median 2.0 ms per item" in waiting.describe()
