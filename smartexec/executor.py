@@ -195,6 +195,16 @@ def _factory(name: str) -> type[Backend]:
 ROUTE_SETTLE_S = 0.05
 
 
+def _starts_in_loop(ended: str | None, per_item_s: float) -> bool:
+    """Whether a map that ended on ``ended`` (``"inline"``: a loop here) starts the next one in a loop.
+
+    Only items under :data:`~smartexec._rerouting.CHEAP_ITEM_S` seconds,
+    too cheap for any worker to gain on: a dearer map that a loop won for
+    its sending costs starts the next on threads, which measure again.
+    """
+    return ended == "inline" and per_item_s < CHEAP_ITEM_S
+
+
 def _other_threads() -> int:
     """The user's threads running besides the calling one (see :mod:`smartexec._threads`).
 
@@ -807,7 +817,7 @@ class SmartExecutor(Executor):
             # loop: dearer ones that a loop won for their sending costs start
             # on threads, whose figures (and the pickling measured afresh)
             # may send them to processes.
-            estimate.loop_here = stored.backend == "inline" and stored.per_item_s < CHEAP_ITEM_S
+            estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
         decisions = self._decisions  # the weakref callback must not hold self
@@ -1748,7 +1758,7 @@ class SmartExecutor(Executor):
             cpus=cpus,
         )
         ended = decision
-        estimate.loop_here = verdict.target == "inline" and evidence.per_item_s < CHEAP_ITEM_S
+        estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
             stream.detach()
             relay.append(InlineStream(fn, inputs, self._stats.inline))
