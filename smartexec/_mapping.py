@@ -470,6 +470,11 @@ class ChunkStream:
         """Items of the input not read yet, or None when its length is unknown."""
         return self._remaining
 
+    @property
+    def input_read(self) -> bool:
+        """Whether no more of the input will be read (all of it was, or the stream was detached)."""
+        return self._exhausted
+
     def detach(self) -> int | None:
         """Read no more input; the chunks sent still run and their outcomes come.
 

@@ -182,6 +182,21 @@ class Evidence:
             return True
         return self.kind is not None
 
+    def recheck_stay(self) -> bool:
+        """Whether a verdict to stay, reached now, should wait for more chunks.
+
+        Cheap items (under :data:`CHEAP_ITEM_S`) decide early (see
+        :meth:`ready`), from chunks that are each worker's first: a fresh
+        worker's first few hundred calls pay for cold caches and the pages
+        it copies after the fork (2-15x the steady figure: 252 calls of a
+        0.4 us function read 2-15 us each, 2-core machine), which prices a
+        loop here near the cost of sending and reads as a near-tie. A near-
+        tie from such chunks is taken again once :data:`MAX_SAMPLES` chunks
+        are in (bigger, later ones, which weigh more); a move is acted on at
+        once. Either way a map is decided once.
+        """
+        return len(self.per_item) < MAX_SAMPLES and self.per_item_s < CHEAP_ITEM_S
+
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""
         if n_items > 0 and len(self.sent) < MAX_SAMPLES:

@@ -1642,8 +1642,7 @@ class SmartExecutor(Executor):
                     if wanted is not None and started_at[2] is not None:
                         evidence.wanted_cores = (wanted - started_at[2]) / wall
             if evidence.ready():
-                settled = True
-                self._settle(
+                settled = self._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize
                 )
 
@@ -1690,10 +1689,15 @@ class SmartExecutor(Executor):
         inputs: Iterator[tuple[Any, ...]],
         end_time: float | None,
         buffersize: int | None = None,
-    ) -> None:
+    ) -> bool:
         """Act on a map's evidence: move the rest of it, or not; route its next maps.
 
         The stream the rest moves to keeps the map's ``buffersize``.
+
+        Returns:
+            True when the map is decided; False when a verdict to stay
+            waits for more chunks (:meth:`Evidence.recheck_stay`), and
+            nothing was done.
         """
         stream = relay.streams[-1]
         assert isinstance(stream, ChunkStream)
@@ -1704,7 +1708,7 @@ class SmartExecutor(Executor):
             # A plugin's or a cluster's backend (dask): the user chose to
             # run there; the figures are kept, the route is not changed.
             self._note(decision, estimate, backend.name, (evidence.describe(),))
-            return
+            return True
         alternative: Decision | None = None
         if backend.name in ("fork", "loky") and self._options.prefer != "processes":
             workers = self._max_workers or _factory("thread").default_workers(cpus)
@@ -1757,6 +1761,8 @@ class SmartExecutor(Executor):
             rest=stream.remaining,
             cpus=cpus,
         )
+        if verdict.target is None and not stream.input_read and evidence.recheck_stay():
+            return False  # taken again at a later result; at the latest once all is sent
         ended = decision
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
@@ -1827,6 +1833,7 @@ class SmartExecutor(Executor):
                 ),
             )
         self._route_next(fn, ended, verdict.reason)
+        return True
 
     def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
         """Start ``fn``'s next maps on ``decision``'s backend, saying why."""

@@ -140,6 +140,29 @@ def test_cheap_items_settle_without_a_gil_kind_and_may_move_to_a_loop():
     assert move.target == "inline", move.reason
 
 
+def test_cheap_items_priced_by_cold_workers_are_taken_again_with_more_chunks():
+    # CI (py310, loaded machine): 7 one-item chunks and a 252-item one, each
+    # a fresh worker's first calls, priced 0.1 us items at 3.2 us, near the
+    # cost of sending them: the map stayed on fork for 200,000 items.
+    found = Evidence(2)
+    for _ in range(7):
+        found.add(1, 2e-5, 2e-5, None)
+    found.add(252, 252 * 3.2e-6, 252 * 3.2e-6, None)
+    candidates = {"fork": (2, 0.0), "thread": (6, 0.0), "inline": (1, 0.0)}
+    early = reroute(found, current="fork", candidates=candidates, send_s=1.5e-6, rest=199_000, cpus=2)
+    assert found.ready() and early.target is None and found.recheck_stay()
+    while len(found.per_item) < MAX_SAMPLES:  # warm workers, bigger chunks
+        found.add(2835, 2835 * 1e-7, 2835 * 1e-7, None)
+    assert not found.recheck_stay()
+    later = reroute(found, current="fork", candidates=candidates, send_s=1.5e-6, rest=170_000, cpus=2)
+    assert later.target == "inline", later.reason
+
+
+def test_only_cheap_items_wait_to_take_a_stay_again():
+    found = evidence(HOLDS, HOLDS, per_item_s=0.01)
+    assert found.ready() and not found.recheck_stay()
+
+
 def test_a_near_tie_stays():
     # threads predicted faster, but by less than SWITCH_GAIN
     found = evidence(RELEASES, RELEASES, per_item_s=0.01)

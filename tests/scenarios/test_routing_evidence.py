@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 import types
 import weakref
 
@@ -189,10 +190,21 @@ def test_items_measured_too_cheap_to_send_start_in_a_loop_next_time():
         assert last.backend == "inline" and "starts in a loop" in last.reasons[0], str(last)
 
 
+def measured_too_cheap_to_send(fn):
+    """Store the profile a map leaves when it moved ``fn`` to a loop (0.1 us items).
+
+    A live map's move rests on timings (a loaded machine's workers can price
+    such items near the cost of sending them: CI saw 3.2 us against 0.1 us,
+    and the map stayed); the tests of what happens *after* a move start here.
+    """
+    _profiles.save(fn, _profiles.StoredProfile("inline", 1e-7, None, 2e-6, N_CHEAP, time.time()))
+
+
 def test_a_map_started_in_a_loop_keeps_the_generator_contract():
+    measured_too_cheap_to_send(token)
     with SmartExecutor(max_workers=2) as ex:
         assert len(list(ex.map(token, range(N_CHEAP)))) == N_CHEAP
-        assert "inline" in ex.stats().backends, str(ex.stats())
+        assert set(ex.stats().backends) == {"inline"}, str(ex.stats())
         results = ex.map(token, range(10))
         assert ex.decisions()[-1].backend == "inline", str(ex.decisions()[-1])
         assert isinstance(results, types.GeneratorType)
@@ -228,9 +240,7 @@ def test_big_arguments_of_unknown_gil_use_are_measured_in_the_workers():
 def test_a_map_started_in_a_loop_moves_when_its_items_turn_slow():
     # Measured too cheap to send, then given items that wait 2 ms: the loop
     # re-checks between batches and sends the rest to workers.
-    with SmartExecutor(max_workers=2) as ex:
-        assert list(ex.map(square_or_wait, range(N_CHEAP)))[-1] == (N_CHEAP - 1) ** 2
-        assert "inline" in ex.stats().backends, str(ex.stats())
+    measured_too_cheap_to_send(square_or_wait)
     items = list(range(64)) + [-1] * 400
     with SmartExecutor(max_workers=2) as ex:
         assert list(ex.map(square_or_wait, items)) == [x * x for x in items]
