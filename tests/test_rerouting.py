@@ -149,12 +149,16 @@ def test_cheap_items_priced_by_cold_workers_are_taken_again_with_more_chunks():
         found.add(1, 2e-5, 2e-5, None)
     found.add(252, 252 * 3.2e-6, 252 * 3.2e-6, None)
     candidates = {"fork": (2, 0.0), "thread": (6, 0.0), "inline": (1, 0.0)}
-    early = reroute(found, current="fork", candidates=candidates, send_s=1.5e-6, rest=199_000, cpus=2)
+    early = reroute(
+        found, current="fork", candidates=candidates, send_s=1.5e-6, rest=199_000, cpus=2
+    )
     assert found.ready() and early.target is None and found.recheck_stay()
     while len(found.per_item) < MAX_SAMPLES:  # warm workers, bigger chunks
         found.add(2835, 2835 * 1e-7, 2835 * 1e-7, None)
     assert not found.recheck_stay()
-    later = reroute(found, current="fork", candidates=candidates, send_s=1.5e-6, rest=170_000, cpus=2)
+    later = reroute(
+        found, current="fork", candidates=candidates, send_s=1.5e-6, rest=170_000, cpus=2
+    )
     assert later.target == "inline", later.reason
 
 
