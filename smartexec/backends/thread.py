@@ -312,6 +312,13 @@ class ThreadBackend(Backend):
             pool = self._pool
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+            if wait:
+                # Its threads have exited: let their Thread objects go now,
+                # not when the garbage collector finds this backend (CPython's
+                # threading_cleanup() counts live Thread objects after a test).
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
 
 
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
