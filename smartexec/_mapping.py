@@ -523,6 +523,12 @@ TINY_BATCH = 1024
 #: 0.1 us items. Should the items turn slow mid-batch, the batch costs what a
 #: plain loop of them costs.
 TINY_BATCH_S = 0.001
+#: A C-level batch shorter than this (seconds) does not enter the estimate:
+#: its time is mostly its first calls' cold caches and the look at the
+#: clock. The loop's first batch, 16 items of 0.1 us, read over 1 us each,
+#: which sent the next 10 ms of items one by one past the clock (a stored
+#: loop took 29-38 ms where a plain loop took 18-20 ms).
+MIN_OBSERVED_S = 1e-4
 
 
 class InlineRun:
@@ -781,12 +787,14 @@ def inline_batches(
     size = 0
     elapsed = 0.0
     tiny = 16  # C-level batches start small: the estimate may come from an older map
+    tiny_batch = False
     start = time.perf_counter()
     while True:
         if size:
             before = estimate.per_item_s or 0.0
             elapsed = time.perf_counter() - start
-            estimate.observe(size, elapsed)
+            if elapsed >= MIN_OBSERVED_S or not tiny_batch:
+                estimate.observe(size, elapsed)
             run.items += size
             if run.on_batch is not None:
                 run.on_batch(size, elapsed)
@@ -797,7 +805,8 @@ def inline_batches(
                     yield stream_values([], switch(now.reason), ordered)
                     return
         start = time.perf_counter()
-        if (estimate.per_item_s or PROBE_S) >= TINY_ITEM_S:
+        tiny_batch = (estimate.per_item_s or PROBE_S) < TINY_ITEM_S
+        if not tiny_batch:
             timed = _TimedItems(run, PROBE_S)
             yield timed
             size = timed.count

@@ -1,0 +1,63 @@
+"""A map run as a loop in the calling thread: C-level batches, timed between them (pure: no workers)."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from smartexec._mapping import InlineRun, _TimedItems, inline_batches
+from smartexec.tuning import Estimate
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class ColdFirstCalls:
+    """``x * x``; its first ``n`` calls spin ``seconds`` each (cold caches, a first import)."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n = n
+        self.seconds = seconds
+
+    def __call__(self, x: int) -> int:
+        if self.n:
+            self.n -= 1
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end:
+                pass
+        return x * x
+
+
+def run_loop(fn, items, per_item_s):
+    estimate = Estimate()
+    estimate.seed(per_item_s, 1000, 0.0)
+    run = InlineRun(fn, iter(items), estimate, star=False)
+    keep_inline = types.SimpleNamespace(inline=True, reason="")
+
+    def switch(reason):  # pragma: no cover - the loop must not move
+        raise AssertionError(reason)
+
+    kinds, results = [], []
+    for batch in inline_batches([], run, lambda: None, lambda: keep_inline, switch):
+        kinds.append(type(batch))
+        results.extend(batch)  # each batch is read before the next is made, as map's reader does
+    return kinds, results
+
+
+def test_a_short_first_batch_does_not_send_tiny_items_one_by_one():
+    # The loop's first batch is 16 items: three cold calls of 20 us read as
+    # ~4 us an item, over the 1 us under which batches run at C speed, and
+    # the next 10 ms of 0.1 us items went one by one past the clock (a
+    # stored loop took 29-38 ms where a plain loop took 18-20 ms).
+    items = list(range(50_000))
+    kinds, results = run_loop(ColdFirstCalls(3, 20e-6), items, per_item_s=1e-7)
+    assert results == [x * x for x in items]
+    assert _TimedItems not in kinds, kinds
+
+
+def test_items_slower_than_a_c_batch_allows_are_timed_one_by_one():
+    items = list(range(40))
+    kinds, results = run_loop(ColdFirstCalls(40, 200e-6), items, per_item_s=1e-7)
+    assert results == [x * x for x in items]
+    assert _TimedItems in kinds, kinds  # 16 items of 200 us: 3.2 ms, measured; the rest is timed
