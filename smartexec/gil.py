@@ -37,6 +37,8 @@ threads and ``"holds"`` to processes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -54,6 +56,7 @@ __all__ = [
     "WATCH_THREADS",
     "classify",
     "sched_times",
+    "SchedReader",
     "recall",
     "remember",
     "recheck_due",
@@ -237,6 +240,54 @@ def sched_times(native_id: int | None = None) -> tuple[float, float] | None:
         return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+class SchedReader:
+    """:func:`sched_times` of several threads, read through descriptors kept open.
+
+    A map on threads reads its pool threads' figures at each of its first
+    results. ``open()`` makes about seven system calls a file, each letting
+    go of the GIL, and getting it back waits behind the pool's threads: six
+    threads' files cost the caller 0.4-0.7 ms a reading (6-10 ms over a map
+    of 64 numpy items, a fifth of the map). One ``pread`` per thread on a
+    kept descriptor costs about 1 us. Thread-safe; :meth:`close` when done.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, native_id: int) -> tuple[float, float] | None:
+        """``(seconds on a CPU, seconds queued for one)`` of a thread of this process, or None."""
+        with self._lock:
+            fd = self._fds.get(native_id)
+            try:
+                if fd is None:
+                    fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY)
+                    self._fds[native_id] = fd
+                fields = os.pread(fd, 128, 0).split()
+                return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+            except (OSError, ValueError, IndexError):
+                self._forget(native_id)  # the thread ended (its file is gone), or no schedstat
+                return None
+
+    def keep_only(self, native_ids: set[int]) -> None:
+        """Close the descriptors of threads not in ``native_ids`` (they ended)."""
+        with self._lock:
+            for native_id in [n for n in self._fds if n not in native_ids]:
+                self._forget(native_id)
+
+    def _forget(self, native_id: int) -> None:
+        fd = self._fds.pop(native_id, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close(self) -> None:
+        """Close every descriptor (idempotent)."""
+        with self._lock:
+            for native_id in list(self._fds):
+                self._forget(native_id)
 
 
 def _others_cpu() -> dict[int, float] | None:

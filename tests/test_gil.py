@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 
@@ -281,3 +282,25 @@ def test_watch_stops_at_the_first_failing_item_by_position():
 def test_watch_sees_the_end_of_the_input_and_star_arguments():
     watched = gil.watch(pow, iter([(2, 3), (3, 2)]), True, seconds=5)
     assert watched.results == [8, 9] and watched.exhausted
+
+
+def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
+    from smartexec.gil import SchedReader, sched_times
+
+    me = threading.get_native_id()
+    if sched_times(me) is None:
+        pytest.skip("no /proc/self/task/<tid>/schedstat here")
+    reader = SchedReader()
+    before = len(os.listdir("/proc/self/fd"))
+    first = reader.read(me)
+    assert first is not None and first[0] > 0
+    for _ in range(100):  # no new descriptor per reading
+        assert reader.read(me) is not None
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    assert reader.read(2**30) is None  # no such thread: nothing kept open
+    reader.keep_only(set())
+    assert len(os.listdir("/proc/self/fd")) == before
+    reader.read(me)
+    reader.close()
+    reader.close()
+    assert len(os.listdir("/proc/self/fd")) == before

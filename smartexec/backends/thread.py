@@ -21,7 +21,7 @@ from .. import _initializer
 from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
-from ..gil import sched_times
+from ..gil import SchedReader, sched_times
 from ._base import Backend
 
 __all__ = ["ThreadBackend"]
@@ -113,6 +113,7 @@ class ThreadBackend(Backend):
         self._calls_in = itertools.count()
         self._calls_out = itertools.count()
         self._closed = False
+        self._sched = SchedReader()  # the pool threads' schedstat files, kept open
         _LIVE_THREAD_BACKENDS.add(self)
 
     def _live_threads(self) -> list[threading.Thread] | None:
@@ -136,11 +137,12 @@ class ThreadBackend(Backend):
         if threads is None:
             return None
         total = 0.0
+        self._sched.keep_only({t.native_id for t in threads if t.native_id is not None})
         for thread in threads:
             ident = thread.native_id
             if ident is None:
                 continue
-            times = sched_times(ident)
+            times = self._sched.read(ident)
             if times is None:
                 if thread.is_alive():
                     return None  # no schedstat here
@@ -310,6 +312,7 @@ class ThreadBackend(Backend):
         with self._lock:
             self._closed = True
             pool = self._pool
+        self._sched.close()
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
             if wait:
