@@ -442,7 +442,13 @@ class Evidence:
         """The figures, for ``explain()``: items, chunks, the time per item (and how it is taken), the watches' kind."""
         kind = self.kind
         n = len(self.watches)
-        verdict = f"agree: {kind}" if kind is not None else "disagree" if n > 1 else "(too few)"
+        verdict = (
+            ("agree" if n > 1 else "says") + f": {kind}"
+            if kind is not None
+            else "disagree"
+            if n > 1
+            else "(too few)"
+        )
         watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
         wanted = (
             f" and wanted {self.wanted_cores:.1f} (on a CPU or queued for one)"

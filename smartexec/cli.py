@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # "smartexec" when run as the console script, "python -m smartexec" otherwise
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     prog = "python -m smartexec" if script in ("", "__main__.py", "-c") else script
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").replace("``", "`"))
     parser.add_argument("--version", action="version", version=f"smartexec {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(

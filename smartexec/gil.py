@@ -209,9 +209,11 @@ class GilProfile:
 
     def __str__(self) -> str:
         on = f" on {self.threads} threads" if self.threads > 1 else ""
+        # Kinds read on threads from the pool's clocks have no watch of their own: no duration.
+        watched = f" ({self.wall_s * 1000:.0f} ms)" if self.wall_s > 0 else ""
         figures = (
-            f"measured over {self.items} item{'s' if self.items != 1 else ''}{on} "
-            f"({self.wall_s * 1000:.0f} ms): on the CPU {self.cpu_share:.0%} of the time, "
+            f"measured over {self.items} item{'s' if self.items != 1 else ''}{on}"
+            f"{watched}: on the CPU {self.cpu_share:.0%} of the time, "
             f"the GIL held {self.gil_share:.0%} of it"
         )
         if self.cores >= MANY_CORES:

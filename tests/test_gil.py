@@ -304,3 +304,11 @@ def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
     reader.close()
     reader.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_kind_read_from_the_pool_clocks_names_no_duration():
+    # Kinds found on threads from the pool's clocks have no watch: "(0 ms)" read as a bug.
+    from smartexec.gil import GilProfile
+
+    assert "(0 ms)" not in str(GilProfile("waits", 13, 0.0, 0.08, 0.0, 0))
+    assert "(79 ms)" in str(GilProfile("holds", 10, 0.079, 1.0, 0.9, 150))

@@ -392,3 +392,11 @@ def test_explain_names_how_the_time_per_item_was_taken():
     waiting = Evidence(2)
     waiting.add(1, 0.002, 0.0, None)
     assert "chunks, median 2.0 ms per item" in waiting.describe()
+
+
+def test_explain_says_one_watch_in_the_singular():
+    found = Evidence(2)
+    found.add(1, 0.1, 0.1, GilProfile("holds", 1, 0.1, 1.0, 0.9, 400))
+    found.add(1, 0.1, 0.1, None)
+    assert found.kind == "holds"
+    assert "1 GIL watch says: holds" in found.describe(), found.describe()
