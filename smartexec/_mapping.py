@@ -473,7 +473,7 @@ class ChunkStream:
     @property
     def input_read(self) -> bool:
         """Whether no more of the input will be read (all of it was, or the stream was detached)."""
-        return self._exhausted
+        return self._exhausted or self._remaining == 0
 
     def detach(self) -> int | None:
         """Read no more input; the chunks sent still run and their outcomes come.

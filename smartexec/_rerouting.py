@@ -143,6 +143,9 @@ class Evidence:
     sent: list[tuple[int, float]] = field(default_factory=list)
     wall_chunks: int = 0
     cpu_total_s: float = 0.0
+    #: A verdict to stay was acted on (noted, saved) while :meth:`recheck_stay`
+    #: still wanted more chunks: only a move may follow.
+    stay_noted: bool = False
 
     def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
         """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
@@ -191,9 +194,10 @@ class Evidence:
         it copies after the fork (2-15x the steady figure: 252 calls of a
         0.4 us function read 2-15 us each, 2-core machine), which prices a
         loop here near the cost of sending and reads as a near-tie. A near-
-        tie from such chunks is taken again once :data:`MAX_SAMPLES` chunks
-        are in (bigger, later ones, which weigh more); a move is acted on at
-        once. Either way a map is decided once.
+        tie from such chunks is noted (the profile saved, the next maps
+        routed) and taken again once :data:`MAX_SAMPLES` chunks are in
+        (bigger, later ones, which weigh more), when it may still become a
+        move; a move is acted on at once. A map moves at most once.
         """
         return len(self.per_item) < MAX_SAMPLES and self.per_item_s < CHEAP_ITEM_S
 

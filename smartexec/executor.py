@@ -1707,9 +1707,9 @@ class SmartExecutor(Executor):
         The stream the rest moves to keeps the map's ``buffersize``.
 
         Returns:
-            True when the map is decided; False when a verdict to stay
-            waits for more chunks (:meth:`Evidence.recheck_stay`), and
-            nothing was done.
+            True when the map is decided; False when a verdict to stay was
+            noted but may still become a move at a later result
+            (:meth:`Evidence.recheck_stay`).
         """
         stream = relay.streams[-1]
         assert isinstance(stream, ChunkStream)
@@ -1773,8 +1773,12 @@ class SmartExecutor(Executor):
             rest=stream.remaining,
             cpus=cpus,
         )
-        if verdict.target is None and not stream.input_read and evidence.recheck_stay():
-            return False  # taken again at a later result; at the latest once all is sent
+        # A stay from a cheap map's first chunks is noted now (a map that ends
+        # early still leaves its profile) and taken again at later results,
+        # at the latest once all is sent: it may become a move, never a second stay.
+        keep_watching = verdict.target is None and not stream.input_read and evidence.recheck_stay()
+        if verdict.target is None and evidence.stay_noted:
+            return not keep_watching
         ended = decision
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
@@ -1845,6 +1849,9 @@ class SmartExecutor(Executor):
                 ),
             )
         self._route_next(fn, ended, verdict.reason)
+        if keep_watching:
+            evidence.stay_noted = True
+            return False
         return True
 
     def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:

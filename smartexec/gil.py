@@ -258,10 +258,16 @@ class SchedReader:
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def read(self, native_id: int) -> tuple[float, float] | None:
-        """``(seconds on a CPU, seconds queued for one)`` of a thread of this process, or None."""
+        """``(seconds on a CPU, seconds queued for one)`` of a thread of this process, or None.
+
+        None too once :meth:`close` was called (no descriptor is opened then).
+        """
         with self._lock:
+            if self._closed:
+                return None
             fd = self._fds.get(native_id)
             try:
                 if fd is None:
@@ -286,8 +292,9 @@ class SchedReader:
                 os.close(fd)
 
     def close(self) -> None:
-        """Close every descriptor (idempotent)."""
+        """Close every descriptor; read no more (idempotent)."""
         with self._lock:
+            self._closed = True
             for native_id in list(self._fds):
                 self._forget(native_id)
 

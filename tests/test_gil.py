@@ -304,6 +304,8 @@ def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
     reader.close()
     reader.close()
     assert len(os.listdir("/proc/self/fd")) == before
+    assert reader.read(me) is None  # closed for good: no descriptor opens again
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_a_kind_read_from_the_pool_clocks_names_no_duration():

@@ -737,12 +737,16 @@ class _ForkPool:
             task.future.cancel()
         self._wake()
         if wait and self._thread is not threading.current_thread():
-            with _QUIESCE_LOCK:  # not while paused: the dispatcher is about to resume
-                thread = self._thread
-            thread.join()
-            with _QUIESCE_LOCK:
-                if self._thread is thread:
-                    self._thread = _JOINED
+            while True:
+                with _QUIESCE_LOCK:  # not while paused: the dispatcher is about to resume
+                    thread = self._thread
+                thread.join()
+                with _QUIESCE_LOCK:
+                    if self._thread is thread:
+                        self._thread = _JOINED
+                        break
+                # Another pool's start paused this one meanwhile (the join saw
+                # that thread stop) and resumed it on a new thread: wait for that.
 
     @property
     def done(self) -> bool:

@@ -306,3 +306,26 @@ def test_process_workers_cap_blas_threads(backend):
         counts = ex.submit(blas_thread_counts).result(timeout=60)
     expected = threads_per_worker(current_platform().cpu_count, 2)
     assert counts and max(counts) <= expected, counts
+
+
+def test_shutdown_with_wait_waits_while_another_pool_starts():
+    # Another pool's start pauses this pool's dispatcher (for its zygote's
+    # fork) and resumes it on a new thread: shutdown(wait=True) joined the old
+    # one and returned with the sleep still running (an adversarial pass, 5/5).
+    ex1 = SmartExecutor(backend="fork", max_workers=1)
+    future = ex1.submit(time.sleep, 0.5)
+    while not future.running():
+        time.sleep(0.005)
+    done_at_return = []
+
+    def stop():
+        ex1.shutdown(wait=True)
+        done_at_return.append(future.done())
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    time.sleep(0.05)
+    with SmartExecutor(backend="fork", max_workers=1) as ex2:
+        assert ex2.submit(abs, -1).result() == 1
+    stopper.join()
+    assert done_at_return == [True]

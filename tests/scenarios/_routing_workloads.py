@@ -69,3 +69,11 @@ def token(x):
 
 def array_sum(a):
     return float(a.sum())
+
+
+def busy_20us(x):
+    """``x``, after 20 us of pure-Python work: cheap enough to decide early."""
+    end = time.perf_counter() + 20e-6
+    while time.perf_counter() < end:
+        pass
+    return x
