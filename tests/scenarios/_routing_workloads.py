@@ -71,9 +71,9 @@ def array_sum(a):
     return float(a.sum())
 
 
-def busy_20us(x):
-    """``x``, after 20 us of pure-Python work: cheap enough to decide early."""
-    end = time.perf_counter() + 20e-6
+def busy_5us(x):
+    """``x``, after 5 us of pure-Python work: cheap enough (under 50 us) to decide early."""
+    end = time.perf_counter() + 5e-6
     while time.perf_counter() < end:
         pass
     return x

@@ -21,7 +21,7 @@ from smartexec import SmartExecutor, _profiles, gil
 
 from ._routing_workloads import (
     array_sum,
-    busy_20us,
+    busy_5us,
     meet,
     python_5ms,
     python_5ms_one_stall,
@@ -287,19 +287,19 @@ def test_a_cheap_map_leaves_its_profile_however_it_ends(how):
         _profiles.clear()
         with SmartExecutor(max_workers=2) as ex:
             if how.startswith("as completed"):
-                got = sorted(ex.map(busy_20us, range(300), ordered=False, buffersize=1))
+                got = sorted(ex.map(busy_5us, range(300), ordered=False, buffersize=1))
                 assert got == list(range(300))
             elif how.startswith("endless"):
-                results = ex.map(busy_20us, itertools.count())
+                results = ex.map(busy_5us, itertools.count())
                 assert [v for _, v in zip(range(300), results)] == list(range(300))
                 results.close()
             else:
                 with pytest.raises(ZeroDivisionError):
-                    list(ex.map(busy_20us_until_250, range(2000)))
+                    list(ex.map(busy_5us_until_250, range(2000)))
             log = "\n".join(map(str, ex.decisions()))
-        fn = busy_20us_until_250 if how.startswith("an error") else busy_20us
+        fn = busy_5us_until_250 if how.startswith("an error") else busy_5us
         assert _profiles.load(fn) is not None, log
 
 
-def busy_20us_until_250(x):
-    return busy_20us(x) / (x - 250) * (x - 250)
+def busy_5us_until_250(x):
+    return busy_5us(x) / (x - 250) * (x - 250)
