@@ -778,7 +778,8 @@ def inline_batches(
     slow its items turn. Either way an item's exception surfaces at its
     position. Between batches the estimate is updated from the time the batch
     took (the caller's own per-item work included) and the verdict re-checked;
-    when items got slow enough, the rest goes to the workers (``switch``),
+    when items got slow enough, in that batch and the next (one stalled
+    batch moves nothing), the rest goes to the workers (``switch``),
     read in input order or, with ``ordered=False``, as its chunks complete.
     """
     yield drain(prefix)
@@ -788,6 +789,9 @@ def inline_batches(
     elapsed = 0.0
     tiny = 16  # C-level batches start small: the estimate may come from an older map
     tiny_batch = False
+    slow_since: float | None = (
+        None  # the figure before a batch that read slow, until the next confirms it
+    )
     start = time.perf_counter()
     while True:
         if size:
@@ -798,12 +802,20 @@ def inline_batches(
             run.items += size
             if run.on_batch is not None:
                 run.on_batch(size, elapsed)
-            # A loop can only start losing when items get slower: re-check then.
-            if (estimate.per_item_s or 0.0) > 1.2 * before:
-                now = verdict()
-                if not now.inline:
-                    yield stream_values([], switch(now.reason), ordered)
-                    return
+            # A loop can only start losing when items get slower: re-check then,
+            # and move only when the next batch is slow by itself too (one
+            # stalled batch, a garbage collection or the machine busy elsewhere,
+            # sent a loop of 0.1 us items to threads after 336 items).
+            own = elapsed / size
+            if slow_since is not None:
+                if own > 1.2 * slow_since:
+                    now = verdict()
+                    if not now.inline:
+                        yield stream_values([], switch(now.reason), ordered)
+                        return
+                slow_since = None
+            elif (estimate.per_item_s or 0.0) > 1.2 * before and not verdict().inline:
+                slow_since = before
         start = time.perf_counter()
         tiny_batch = (estimate.per_item_s or PROBE_S) < TINY_ITEM_S
         if not tiny_batch:
