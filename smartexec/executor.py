@@ -1635,10 +1635,16 @@ class SmartExecutor(Executor):
                 timed = n
             evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil)
             now = time.perf_counter()
-            if evidence.on_threads and (not started_at or now - read_at[0] >= THREADS_READ_EVERY_S):
-                # Not at every result: each reading lets go of the GIL once per
-                # pool thread and waits behind them to get it back (6-10 ms
-                # over 16 results of 64 numpy items, a fifth of the map).
+            # Not at every result: each reading lets go of the GIL once per pool
+            # thread and waits behind them to get it back (6-10 ms over 16
+            # results of 64 numpy items, a fifth of the map). Read at the first
+            # result, at the first one THREADS_MIN_WALL_S later (the first
+            # figures), then at most every THREADS_READ_EVERY_S.
+            due = not started_at or (
+                now - started_at[0] >= THREADS_MIN_WALL_S
+                and (evidence.process_cores is None or now - read_at[0] >= THREADS_READ_EVERY_S)
+            )
+            if evidence.on_threads and due:
                 read_at[0] = now
                 assert threads_cpu is not None
                 cpu = threads_cpu()
