@@ -269,6 +269,7 @@ def _zygote_main(
     initializer: Callable[..., Any] | None = None,
     initargs: tuple[Any, ...] = (),
     inherited_fds: Sequence[int] = (),
+    prefork: Sequence[tuple[int, int]] = (),
 ) -> None:
     """The zygote (runs in a child forked once per pool): forks the pool's workers.
 
@@ -287,14 +288,23 @@ def _zygote_main(
       :func:`_worker_main`), just before the worker exits.
 
     The zygote never blocks on ``ctl``: its replies wait in an outbox until
-    the socket takes them. The parent asks for every worker of a new pool
-    before its dispatcher reads a reply; about 280 records fill a
-    ``SOCK_SEQPACKET`` buffer each way, and a zygote blocked in ``send``
-    would stop reading requests, blocking the parent's ``send_fds`` in turn
-    (``max_workers`` in the hundreds hung the pool).
+    the socket takes them. A new pool's workers (``prefork``) are all
+    reported before the parent's dispatcher reads a reply, and replacements
+    may be asked for in bursts; about 280 records fill a ``SOCK_SEQPACKET``
+    buffer each way, and a zygote blocked in ``send`` would stop reading
+    requests, blocking the parent's ``send_fds`` in turn (``max_workers`` in
+    the hundreds hung the pool).
 
     ``inherited_fds``: the parent's ends of the pipes of the workers it forked
-    itself (see :class:`_ForkPool`), closed here at once.
+    itself and of those in ``prefork`` (see :class:`_ForkPool`), closed here
+    at once.
+
+    ``prefork``: ``(ident, fd)`` of the pool's first workers, forked here at
+    once, before the first message is read, as if ``S<ident>`` had come with
+    ``fd`` (inherited by this process's fork, not sent): a new pool's workers
+    then start while the parent goes on to start its dispatcher, rather than
+    after a request that follows the zygote's start (about 10 ms later on a
+    2-core machine, the second worker of a fresh pool).
 
     On ``Q``, on end-of-file, or once the parent is gone (checked every
     :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
@@ -366,6 +376,39 @@ def _zygote_main(
             children.discard(pid)
             send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
 
+    unforked: list[int] = []  # prefork's ends this process holds, not yet a worker's
+
+    def fork_worker(ident: int, worker_fd: int) -> None:
+        nonlocal capped
+        if not capped:
+            cap_in_this_process(blas_threads, blas)
+            capped = True
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_r)
+                os.close(wake_w)
+                for other_fd in unforked:
+                    os.close(other_fd)  # the ends of siblings not forked yet
+                conn = multiprocessing.connection.Connection(worker_fd)
+                # ctl stays open through the initializer (to report its
+                # failure); _worker_main closes it before the loop.
+                _worker_main(conn, zygote_pid, parent_pid, initializer, initargs, ctl)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(worker_fd)
+        children.add(pid)
+        send(b"P%d %d" % (ident, pid))
+
+    unforked.extend(fd for _, fd in prefork)
+    for ident, worker_fd in prefork:
+        unforked.remove(worker_fd)
+        fork_worker(ident, worker_fd)
     while True:
         events = dict(poller.poll(PARENT_CHECK_S * 1000))
         ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
@@ -392,30 +435,7 @@ def _zygote_main(
             for fd in fds:
                 os.close(fd)
             break
-        ident = int(message[1:])
-        worker_fd = fds[0]
-        if not capped:
-            cap_in_this_process(blas_threads, blas)
-            capped = True
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                conn = multiprocessing.connection.Connection(worker_fd)
-                # ctl stays open through the initializer (to report its
-                # failure); _worker_main closes it before the loop.
-                _worker_main(conn, zygote_pid, parent_pid, initializer, initargs, ctl)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(worker_fd)
-        children.add(pid)
-        send(b"P%d %d" % (ident, pid))
+        fork_worker(int(message[1:]), fds[0])
     # The parent closed its end: workers were asked to stop (or their parent died).
     reap(STOP_TIMEOUT_S)
     for pid in list(children):
@@ -586,7 +606,8 @@ class _ForkPool:
         # Pool's are: no thread can hold a lock they copy, and the first
         # chunk does not wait for a zygote to start and fork in turn. The
         # zygote is forked either way, last: it forks every other worker (all
-        # of them when another thread runs; replacements always).
+        # of them when another thread runs; replacements always), the first
+        # ones as soon as it starts, on pipes it inherits.
         self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._idents = itertools.count()
         self._workers: list[_Worker] = []
@@ -595,11 +616,15 @@ class _ForkPool:
         #: Whether ``first`` went straight to the first worker (else: queue it).
         self.took_first = False
         blas = controller_for_fork()
+        pending: list[tuple[int, Any, Any]] = []  # (ident, our end, the worker's end)
         try:
             with _quiesced(), trampoline.forking(objects), _threads.fork_warning_checked():
                 if _may_fork_directly(initializer):
                     self.forked_directly = True
                     self._fork_directly(DIRECT_WORKERS, blas_threads, blas, zygote_end, first)
+                # The zygote forks the others as soon as it starts (prefork).
+                for _ in range(max_workers - len(self._workers)):
+                    pending.append((next(self._idents), *self._ctx.Pipe(duplex=True)))
                 self._zygote = self._ctx.Process(
                     target=_zygote_main,
                     args=(
@@ -610,7 +635,9 @@ class _ForkPool:
                         blas,
                         initializer,
                         initargs,
-                        [w.conn.fileno() for w in self._workers],
+                        [w.conn.fileno() for w in self._workers]
+                        + [ours.fileno() for _, ours, _ in pending],
+                        [(ident, theirs.fileno()) for ident, _, theirs in pending],
                     ),
                     name="smartexec-fork-zygote",
                 )
@@ -619,6 +646,9 @@ class _ForkPool:
             self._reap_directly(self._workers, 0.0)  # a fork failed (EAGAIN): none is left
             self._ctl.close()
             zygote_end.close()
+            for _, ours, theirs in pending:
+                ours.close()
+                theirs.close()
             if first is not None and first.pool is self and first.future.running():
                 first.future.set_exception(exc)  # handed over: nobody else will end it
             raise
@@ -629,7 +659,10 @@ class _ForkPool:
         if _mp_children is not None:
             _mp_children.discard(self._zygote)
         zygote_end.close()
-        self._workers += [self._spawn() for _ in range(max_workers - len(self._workers))]
+        for ident, ours, theirs in pending:
+            theirs.close()  # the zygote holds it now
+            self._workers.append(_Worker(ident, ours))
+        del pending
         self._thread = threading.Thread(
             target=self._run, name="smartexec-fork-dispatcher", daemon=True
         )

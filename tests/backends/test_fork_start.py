@@ -128,6 +128,30 @@ def test_with_a_user_thread_running_the_zygote_forks_the_workers(user_thread):
         backend.shutdown()
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["alone", "user-thread"])
+def test_a_new_pool_s_workers_are_forked_by_the_zygote_unasked(monkeypatch, request, direct):
+    # The zygote forks a new pool's workers as it starts (their pipes are
+    # inherited), not when a request that follows its start reaches it: they
+    # start while this process goes on to start the dispatcher.
+    if direct:
+        monkeypatch.setattr(fork, "_may_fork_directly", lambda initializer: True)
+    else:
+        request.getfixturevalue("user_thread")
+
+    def no_request(self):
+        raise AssertionError("a new pool asked its zygote for a worker")
+
+    monkeypatch.setattr(fork._ForkPool, "_spawn", no_request)
+    backend = fork.ForkBackend(3, 2)
+    try:
+        futures = [backend.submit_chunk(nap, [((1.0,), {})]) for _ in range(3)]
+        pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
+        assert len(pids) == 3 and os.getpid() not in pids
+        assert backend._pool is not None and backend._pool.forked_directly is direct
+    finally:
+        backend.shutdown()
+
+
 # In a fresh interpreter: this one may run threads left by other tests (loky's),
 # which rightly send every pool through the zygote.
 DIRECT = """
