@@ -50,7 +50,14 @@ from ._mapping import (
     then_raise,
 )
 from ._remote import Call, ChunkResult
-from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
+from ._rerouting import (
+    CHEAP_ITEM_S,
+    CHEAP_ITEMS,
+    THREADS_MIN_WALL_S,
+    Evidence,
+    fresh_start_route,
+    reroute,
+)
 from ._submit_learning import Learned, SubmitLearner
 from ._system import current_platform
 from .backends._base import Backend
@@ -856,13 +863,19 @@ class SmartExecutor(Executor):
         ):
             return decision
         if stored.backend in ("thread", "inline") and decision.backend in ("fork", "loky"):
+            why = (
+                "measured too cheap to send to processes"
+                if stored.backend == "inline"
+                or (stored.gil is not None and stored.gil.kind == "holds")
+                else "no route was predicted faster, a fresh process pool's start counted"
+            )
             return dataclasses.replace(
                 decision,
                 backend="thread",
                 reasons=(
                     *decision.reasons,
-                    f"the earlier run's last map ended on {stored.backend} (measured too "
-                    f"cheap to send to processes): this one starts on threads",
+                    f"the earlier run's last map ended on {stored.backend} ({why}): this "
+                    f"one starts on threads",
                 ),
             )
         if stored.backend in ("fork", "loky") and decision.backend == "thread":
@@ -1842,7 +1855,11 @@ class SmartExecutor(Executor):
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
-            where = "inline" if verdict.target == "inline" else ended.backend
+            if verdict.target is None and not decision.share:
+                fresh = _factory(backend.name).worker_startup_s * backend.max_workers
+                where = fresh_start_route(backend.name, verdict, evidence.kind, fresh)
+            else:
+                where = "inline" if verdict.target == "inline" else ended.backend
             _profiles.save(
                 fn,
                 _profiles.StoredProfile(
