@@ -37,6 +37,21 @@ def _cut(text: str, limit: int = REPR_REASON_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _cut_keeping_outcome(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, keeping its outcome (``... -> the rest moves to thread``).
+
+    A measured decision's reason ends with what was done (after its last
+    ``" -> "``); the figures before it are what a short line can drop.
+    """
+    if len(text) <= limit:
+        return text
+    head, arrow, outcome = text.rpartition(" -> ")
+    keep = limit - len(outcome) - len(" ... -> ")
+    if arrow and ": " in head and len(outcome) <= limit // 2 and keep >= 40:
+        return f"{head[:keep].rstrip()} ... -> {outcome}"
+    return _cut(text, limit)
+
+
 def _head(decision: Any) -> str:
     """``name -> backend (chunksize N)``: ``str(decision)``'s first line."""
     return str(decision).splitlines()[0]
@@ -131,7 +146,7 @@ def decision_lines(decisions: tuple[Any, ...], last: int = 10) -> list[str]:
     for decision in decisions:
         reasons = getattr(decision, "reasons", ())
         line = f"{_head(decision)}: {reasons[0]}" if reasons else _head(decision)
-        line = _cut(line, 160)
+        line = _cut_keeping_outcome(line, 160)
         if line in shown:
             shown.remove(line)
         shown.append(line)

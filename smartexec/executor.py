@@ -1704,7 +1704,11 @@ class SmartExecutor(Executor):
         started = (
             f"started on {backend.name} at once: its first chunks, run in the workers, "
             f"measure the items (time, CPU, the GIL) and may move the rest of the map"
-            + (f"; per item so far: {estimate}" if estimate.per_item_s else "")
+            + (
+                f"; per item so far: {estimate}"
+                if estimate.per_item_s and not estimate.earlier_run
+                else ""  # an earlier run's figures have their own reason
+            )
         )
         self._note(decision, estimate, backend.name, (started,))  # no chunksize yet: 1, 1, ...
         return stream_values([], relay, ordered)

@@ -49,6 +49,25 @@ def test_decision_repr_without_reasons():
     assert len(repr(long)) < 130 and repr(long).endswith("...>")
 
 
+def test_a_long_decision_line_keeps_its_outcome():
+    from smartexec._display import decision_lines
+
+    measured = Decision(
+        "fork",
+        (
+            "measured in the workers: 12 items in 2 chunks, mean 2.7 ms per item; "
+            + "figures " * 30
+            + "-> the rest moves to thread (1.6x)",
+        ),
+    )
+    (line,) = decision_lines((measured,))
+    assert len(line) <= 160
+    assert line.startswith("fork: measured in the workers: 12 items")
+    assert line.endswith(" ... -> the rest moves to thread (1.6x)")
+    (plain,) = decision_lines((Decision("fork", ("y" * 500,)),))
+    assert len(plain) == 160 and plain.endswith("...")
+
+
 def test_decision_pretty_and_html(ran):
     decision, _ = ran
     printer = Printer()

@@ -136,6 +136,14 @@ def test_each_cause_is_named(stats, why):
     assert why in stats.warning()
 
 
+def test_a_short_map_s_start_up_and_tail_get_no_warning():
+    # 64 items in 52 chunks on 6 threads, 54 ms: 63 % busy, nothing wrong.
+    short = BackendStats("thread", 6, 64, 52, 0, 0.206, 0.012, 0.054)
+    assert short.busy is not None and short.busy < 0.8
+    assert short.warning() is None
+    assert "waited for chunks" in BackendStats("thread", 6, 64, 52, 0, 0.206, 0.012, 0.54).warning()
+
+
 def test_a_snapshot_does_not_change_afterwards():
     with SmartExecutor(2, backend="thread") as ex:
         list(ex.map(noop, range(10)))
