@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import itertools
+import sys
 import time
 import types
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -202,6 +203,9 @@ class ChunkStream:
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
         self._input_error: BaseException | None = None  # raised after the chunks before it
+        #: Called once the stream is cancelled or aborted (its map ended or was
+        #: closed): an executor stops counting it among the maps to finish.
+        self.on_cancel: Callable[[], None] | None = None
         try:
             self._refill()
         except Exception as exc:
@@ -402,6 +406,8 @@ class ChunkStream:
                 self._window.popleft()
                 yield outcomes
                 del outcomes
+            if late_error is None:
+                late_error = self._input_error  # met by send_rest() while this waited
             if late_error is not None:
                 raise late_error
         except Exception:
@@ -489,12 +495,39 @@ class ChunkStream:
         self._exhausted = False
         self._refill()
 
+    def send_rest(self) -> None:
+        """Send every item of the input not read yet now, whatever ``buffersize``.
+
+        What :meth:`~smartexec.SmartExecutor.shutdown` does for a map it must
+        finish: the stdlib's ``map`` submits every item when called, so its
+        items all run, and its results can be read after the shutdown. An
+        error of the input is kept, raised where the stream is read, after
+        the results before it.
+        """
+        if self.input_read:
+            return
+        # Unmeasured, chunks are sized as multiprocessing.Pool.map sizes them,
+        # not one item each: nobody waits for a first result now.
+        self._probe = None
+        self._measure_first = False
+        try:
+            self._refill(extra=sys.maxsize)
+        except Exception as exc:
+            self._input_error = exc
+            self._exhausted = True
+
     def cancel(self) -> None:
         """Cancel every chunk not yet running; mark the input exhausted."""
         self._exhausted = True
         for slot in self._window:
             slot.future.cancel()
         self._window.clear()
+        self._cancelled()
+
+    def _cancelled(self) -> None:
+        hook, self.on_cancel = self.on_cancel, None
+        if hook is not None:
+            hook()
 
     def abort(self) -> None:
         """Stop every chunk of this map, running ones too; mark the input exhausted.
@@ -505,6 +538,7 @@ class ChunkStream:
         futures = [slot.future for slot in self._window]
         self._exhausted = True
         self._window.clear()
+        self._cancelled()
         if self._abort is None:
             for future in futures:
                 future.cancel()

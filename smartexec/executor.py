@@ -659,6 +659,8 @@ class SmartExecutor(Executor):
         self._lock = threading.RLock()
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
+        #: Maps shutdown(wait=True) sends to their end (see _to_finish), by id().
+        self._unsent: dict[int, ChunkStream] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         # Completed submits' figures (smartexec._submit_learning) move later
@@ -2004,7 +2006,7 @@ class SmartExecutor(Executor):
                     return pickling_error(fn, calls, exc, backend.name)
                 return exc
 
-            return ChunkStream(
+            stream = ChunkStream(
                 send=send,
                 calls=((args, _NO_KWARGS) for args in inputs),
                 remaining=remaining,
@@ -2023,6 +2025,30 @@ class SmartExecutor(Executor):
                 probe=probe if chunksize is None else None,
                 keep_first_error=keep_first_error,
             )
+            if buffersize is None and remaining is not None:
+                self._to_finish(stream)
+            return stream
+
+    def _to_finish(self, stream: ChunkStream) -> None:
+        """Count ``stream`` among the maps :meth:`shutdown` finishes (hold ``self._lock``).
+
+        Only a map over inputs of known length without ``buffersize``: the
+        stdlib's reads such an input whole when called, so its every item
+        runs, read or not. One read lazily to its end at shutdown would
+        never end on an endless input, which the stdlib's ``map`` could not
+        take either; with ``buffersize``, 3.14's reads lazily too, and its
+        shutdown finishes only the tasks already sent.
+        """
+        unsent = self._unsent
+        for key in [key for key, held in unsent.items() if held.input_read]:
+            del unsent[key]
+        key = id(stream)
+        unsent[key] = stream
+
+        def finished() -> None:  # holds the dict, not the stream nor self
+            unsent.pop(key, None)
+
+        stream.on_cancel = finished
 
     map.__doc__ = (
         (Executor.map.__doc__ or "")
@@ -2120,6 +2146,12 @@ class SmartExecutor(Executor):
         with self._lock:
             self._shutdown = True
             backends = list(self._backends.values())
+            unsent = list(self._unsent.values())
+            self._unsent.clear()
+        if wait and not cancel_futures:
+            for stream in unsent:
+                stream.on_cancel = None
+                stream.send_rest()
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
 
@@ -2128,6 +2160,16 @@ class SmartExecutor(Executor):
         + """
         smartexec adds: every backend this executor started is shut down;
         no worker process outlives a ``shutdown(wait=True)``. Idempotent.
+        ``map`` reads its input lazily, so ``shutdown(wait=True)`` (with no
+        ``cancel_futures``) first sends the items not yet sent of every map
+        over an input of known length (a list, a range) given no
+        ``buffersize`` and neither finished nor closed, iterated or not:
+        as with the stdlib, whose ``map`` submits them all when called,
+        every item runs, and the results can be read after the shutdown.
+        A map over an input of unknown length (a generator), or given a
+        ``buffersize``, finishes only the chunks already sent, as 3.14's
+        ``map`` with ``buffersize``; reading past them afterwards raises
+        ``RuntimeError``.
         """
     )
 

@@ -1,0 +1,138 @@
+"""A map's items all run, as the stdlib's do, when the executor shuts down before they are read.
+
+The stdlib's ``map`` submits every item when called: a map never iterated
+(fire and forget), or read after the ``with`` block, still runs every item.
+smartexec reads the input lazily; ``shutdown(wait=True)`` sends what is left
+of each such map over an input of known length first. An input of unknown
+length, a ``buffersize``, ``cancel_futures=True`` or a closed map keep the
+lazy behaviour: nothing more is sent, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+
+from smartexec import SmartExecutor
+
+pytestmark = pytest.mark.timeout(90)
+
+BACKENDS = [None, "fork", "thread", "loky"]
+
+
+def square(x):
+    return x * x
+
+
+def touch(folder, i):
+    time.sleep(0.001)
+    open(os.path.join(folder, str(i)), "w").close()
+    return i
+
+
+def touched(folder):
+    return sorted(int(name) for name in os.listdir(folder))
+
+
+def bad_input(n):
+    yield from range(n)
+    raise ValueError("the input broke")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_map_never_iterated_runs_every_item(backend, tmp_path):
+    with SmartExecutor(2, backend=backend) as ex:
+        ex.map(touch, [str(tmp_path)] * 200, range(200))  # dropped at once, never started
+    assert touched(tmp_path) == list(range(200))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_read_after_the_with_block(backend):
+    with SmartExecutor(2, backend=backend) as ex:
+        results = ex.map(square, range(3000))
+        half = ex.map(square, range(3000))
+        assert [next(half) for _ in range(10)] == [x * x for x in range(10)]
+    assert list(results) == [x * x for x in range(3000)]
+    assert list(half) == [x * x for x in range(10, 3000)]
+
+
+def test_a_generator_input_is_not_finished_at_shutdown():
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(square, (x for x in range(5000)))  # its length is unknown...
+        sized = ex.map(square, range(400))
+    assert list(sized) == [x * x for x in range(400)]
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        list(results)  # ...so it is not finished: as 3.14's with a buffersize
+
+
+class Sized:
+    """A sized input whose reading fails part-way (its __len__ promised more)."""
+
+    def __len__(self):
+        return 500
+
+    def __iter__(self):
+        return bad_input(300)
+
+
+def test_a_sized_input_that_fails_at_shutdown_raises_at_its_place():
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(square, Sized())
+    got = []
+    with pytest.raises(ValueError, match="the input broke"):
+        for value in results:
+            got.append(value)
+    assert got == [x * x for x in range(300)]
+
+
+@pytest.mark.parametrize("backend", ["fork", "thread"])
+def test_endless_or_bounded_maps_are_not_read_to_their_end(backend, tmp_path):
+    # An endless input is never read to its end (the stdlib's map would not
+    # return at all); a buffersize bounds what runs, as 3.14's does.
+    start = time.monotonic()
+    with SmartExecutor(2, backend=backend) as ex:
+        endless = ex.map(square, itertools.count())
+        assert next(endless) == 0
+        bounded = ex.map(touch, [str(tmp_path)] * 500, range(500), buffersize=2, chunksize=1)
+        assert next(bounded) == 0
+    assert time.monotonic() - start < 30
+    assert len(touched(tmp_path)) <= 4
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        list(bounded)
+
+
+def test_cancel_futures_or_a_closed_map_runs_no_more(tmp_path):
+    closed, cancelled = tmp_path / "closed", tmp_path / "cancelled"
+    closed.mkdir()
+    cancelled.mkdir()
+    with SmartExecutor(2, backend="fork") as ex:
+        gen = ex.map(touch, [str(closed)] * 500, range(500), chunksize=1)
+        next(gen)
+        gen.close()  # the stdlib cancels a closed map's futures not started
+    assert len(touched(closed)) < 500
+    ex = SmartExecutor(2, backend="fork")
+    kept = ex.map(touch, [str(cancelled)] * 500, range(500), chunksize=1)
+    ex.shutdown(wait=True, cancel_futures=True)
+    assert len(touched(cancelled)) < 500
+    del kept
+
+
+def test_a_finished_map_is_not_held_by_the_executor():
+    import gc
+    import weakref
+
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(square, range(100))
+        assert list(results) == [x * x for x in range(100)]
+        stream = results.gi_frame
+        del stream
+        assert not ex._unsent
+        gen = ex.map(square, range(100))
+        next(gen)
+        probe = weakref.ref(gen)
+        del gen
+        gc.collect()
+        assert probe() is None and not ex._unsent  # closed by its collection
