@@ -849,6 +849,36 @@ class SmartExecutor(Executor):
         self._log.append(decision)
         return decision, estimate
 
+    def _nested_on_threads(self, backend: Backend, decision: Decision) -> Decision | None:
+        """A map called from this executor's own thread, bound for those threads: run it here.
+
+        A call on a pool thread that maps on the same executor waits for
+        chunks queued behind calls like itself; once every thread waits so,
+        nothing runs (a deadlock, as with a ``ThreadPoolExecutor`` a task
+        submits to and waits on). smartexec may have put the outer calls on
+        threads itself (they wait), where on processes the nested map ran
+        inline (a worker process runs nested work inline): so it runs here,
+        in the calling thread, as a loop. Returns the logged decision, or
+        None when the map is not nested so (hold ``self._lock``).
+        """
+        if backend.name != "thread" or not getattr(backend, "runs_this_thread", bool)():
+            return None
+        nested = dataclasses.replace(
+            decision,
+            backend="inline",
+            share=False,
+            measure=False,
+            reasons=(
+                *decision.reasons,
+                "called from one of this executor's own threads: mapped on those threads, "
+                "it would wait for chunks queued behind calls that wait like it (a "
+                "deadlock once every thread waits), so it runs in the calling thread",
+            ),
+        )
+        if not self._log or self._log[-1] != nested:  # once per run of nested maps
+            self._log.append(nested)
+        return nested
+
     def _where_it_ended(self, decision: Decision, stored: _profiles.StoredProfile) -> Decision:
         """Start where an earlier run's last map ended, when that was in this process.
 
@@ -1335,9 +1365,12 @@ class SmartExecutor(Executor):
             decision, estimate = self._route(fn)
             decision = self._with_timeout(decision, task_timeout)
             backend = self._backend(decision.backend)
+            nested = self._nested_on_threads(backend, decision)
+            if nested is not None:
+                backend = self._backend("inline")
         if backend.synchronous:
             initialize = getattr(backend, "initialize", None)
-            if initialize is not None:
+            if initialize is not None and nested is None:
                 initialize()  # backend="inline" runs the initializer in this thread
             return lazy_inline(fn, inputs, self._stats.inline)
         # Routing is the executor's to tune only where the user fixed none of

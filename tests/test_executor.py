@@ -7,6 +7,7 @@ import concurrent.futures as cf
 import pickle
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -497,3 +498,30 @@ def test_shutdown_with_wait_lets_go_of_its_threads_at_once(backend):
         assert not left, left
     finally:
         gc.enable()
+
+
+_NESTING: dict[str, Any] = {}
+
+
+def _inner_wait(x):
+    time.sleep(0.002)
+    return x
+
+
+def _outer_maps_on_the_same_executor(x):
+    return sum(_NESTING["ex"].map(_inner_wait, range(4)))
+
+
+def test_a_map_nested_in_a_call_on_the_executor_s_threads_runs_in_that_thread():
+    # Both on the same two threads: each outer call would wait for inner
+    # chunks queued behind the other outer calls (a deadlock); they run in
+    # the calling pool thread instead, as nested work runs in a worker process.
+    with SmartExecutor(2, prefer="threads") as ex:
+        _NESTING["ex"] = ex
+        try:
+            results = list(ex.map(_outer_maps_on_the_same_executor, range(20), timeout=30))
+        finally:
+            _NESTING.clear()
+        nested = [d for d in ex.decisions() if d.backend == "inline"]
+    assert results == [6] * 20
+    assert nested and "own threads" in nested[-1].reasons[-1]

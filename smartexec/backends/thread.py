@@ -197,6 +197,18 @@ class ThreadBackend(Backend):
                 self._pending += 1
             return self._pool
 
+    def runs_this_thread(self) -> bool:
+        """Whether the calling thread is one of this backend's pool threads.
+
+        A call running there that maps on the same executor, and waits for
+        the results, would wait for chunks queued behind itself: once every
+        thread does, nothing runs (a deadlock). The executor runs such a
+        nested map in the calling thread instead.
+        """
+        pool = self._pool
+        threads = getattr(pool, "_threads", None)
+        return threads is not None and threading.current_thread() in threads
+
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
             self._pending -= 1
