@@ -17,6 +17,7 @@ thread backend of the process.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 import threading
@@ -54,7 +55,19 @@ def thread_env(threads: int) -> dict[str, str]:
     return {name: str(threads) for name in THREAD_VARIABLES}
 
 
-_controller: tuple[int, Any] | None = None  # (len(sys.modules) when built, controller)
+#: (len(sys.modules), extension modules among them, controller) when built.
+_controller: tuple[int, int, Any] | None = None
+
+
+def _extension_modules() -> int:
+    """How many of the imported modules are extension modules (shared libraries)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    count = 0
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and path.endswith(suffixes):
+            count += 1
+    return count
 
 
 def controller_for_fork() -> Any | None:
@@ -63,16 +76,26 @@ def controller_for_fork() -> Any | None:
     Called in the parent before a fork, so the child caps its pools in
     microseconds instead of importing threadpoolctl and scanning its loaded
     libraries (~5 ms, on the path to the first result). Built once and kept
-    until a module is imported (a new library may have been loaded).
+    until an extension module is imported (a new library may have been
+    loaded with it): a plain Python module's import (tens, lazily, in a
+    process's first maps) loads no library, and a new scan cost 1-3 ms each
+    time, twice or three times in one thread map.
     """
     global _controller
     if "numpy" not in sys.modules:
         return None
-    if _controller is None or _controller[0] != len(sys.modules):
+    held = _controller
+    if held is not None and held[0] == len(sys.modules):
+        return held[2]
+    modules, extensions = len(sys.modules), _extension_modules()
+    if held is None or held[1] != extensions:
         from threadpoolctl import ThreadpoolController
 
-        _controller = (len(sys.modules), ThreadpoolController())
-    return _controller[1]
+        held = (modules, extensions, ThreadpoolController())
+    else:
+        held = (modules, extensions, held[2])
+    _controller = held
+    return held[2]
 
 
 def cap_in_this_process(threads: int, controller: Any | None = None) -> None:
@@ -107,6 +130,7 @@ class ThreadCap:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._building = threading.Lock()  # held by the thread building the table
         # One token per chunk running: list.append and list.pop are atomic,
         # so counting takes no lock. Thousands of tiny calls on six threads
         # queued behind a lock held by a thread the GIL had switched out
@@ -138,9 +162,30 @@ class ThreadCap:
         if len(tokens) > 1 or self._saved is not None:
             cpus = max(1, cpus)
             if self._saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
+                if self._saved is None and not self._built_here():
+                    return  # another thread builds the table; it caps for this chunk too
                 with self._lock:
                     self._cpus = cpus
                     self._apply()
+
+    def _built_here(self) -> bool:
+        """Build threadpoolctl's table of pools outside the lock; False if another thread is.
+
+        The first build imports threadpoolctl and scans the loaded libraries
+        (4-10 ms of mostly GIL-held work among busy threads). Under the lock,
+        every chunk that started or ended meanwhile waited for it (a hashing
+        map on 6 threads ran 10 % slower); now they run on, uncapped for
+        those milliseconds, and the builder caps for all of them at once.
+        """
+        if not self._building.acquire(blocking=False):
+            return False
+        try:
+            controller_for_fork()  # kept (see controller_for_fork): _apply takes it at once
+        except Exception:  # pragma: no cover - threadpoolctl missing or broken
+            pass
+        finally:
+            self._building.release()
+        return True
 
     def exit(self) -> None:
         """The chunk (or call) of an :meth:`enter` ended."""
