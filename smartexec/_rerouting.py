@@ -35,7 +35,6 @@ __all__ = [
     "Evidence",
     "Reroute",
     "reroute",
-    "fresh_start_route",
     "predict_s",
     "MIN_WATCH_S",
     "SWITCH_GAIN",
@@ -614,34 +613,3 @@ def reroute(
             f"{what} -> stays on {current} ({best} would gain only {gain:.2f}x)",
         )
     return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")
-
-
-def fresh_start_route(
-    current: str, verdict: Reroute, kind: GilKind | None, startup_s: float
-) -> str:
-    """The route a later run's first map of the callable should start on; pure.
-
-    A map that stays where it runs weighs the routes as they run now: a
-    process pool already started costs nothing more. A fresh run pays its
-    pool's start-up first (``startup_s`` seconds), while threads start in
-    about a millisecond. So a map that stayed on a process route (``current``)
-    although threads were predicted no slower once that start-up is counted
-    (GIL-releasing or waiting items: hashing, I/O) sends a later run to
-    threads; on a near-tie, a map would otherwise stay on the route it first
-    happened to take, run after run.
-
-    Args:
-        current: the route the map ran on.
-        verdict: what :func:`reroute` found for it.
-        kind: the GIL kind the watches agreed on, or None.
-        startup_s: seconds to start ``current``'s workers afresh.
-
-    Returns:
-        ``"thread"``, or ``verdict.target`` when the map moved, else ``current``.
-    """
-    if verdict.target is not None:
-        return verdict.target
-    threads = verdict.predicted.get("thread")
-    if current == "thread" or threads is None or kind not in ("releases", "waits"):
-        return current
-    return "thread" if threads <= verdict.predicted[current] + startup_s else current

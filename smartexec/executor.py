@@ -50,14 +50,7 @@ from ._mapping import (
     then_raise,
 )
 from ._remote import Call, ChunkResult
-from ._rerouting import (
-    CHEAP_ITEM_S,
-    CHEAP_ITEMS,
-    THREADS_MIN_WALL_S,
-    Evidence,
-    fresh_start_route,
-    reroute,
-)
+from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
 from ._submit_learning import Learned, SubmitLearner
 from ._system import current_platform
 from .backends._base import Backend
@@ -899,7 +892,7 @@ class SmartExecutor(Executor):
                 "measured too cheap to send to processes"
                 if stored.backend == "inline"
                 or (stored.gil is not None and stored.gil.kind == "holds")
-                else "no route was predicted faster, a fresh process pool's start counted"
+                else "no route was predicted faster there"
             )
             return dataclasses.replace(
                 decision,
@@ -1894,11 +1887,7 @@ class SmartExecutor(Executor):
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
-            if verdict.target is None and not decision.share:
-                fresh = _factory(backend.name).worker_startup_s * backend.max_workers
-                where = fresh_start_route(backend.name, verdict, evidence.kind, fresh)
-            else:
-                where = "inline" if verdict.target == "inline" else ended.backend
+            where = "inline" if verdict.target == "inline" else ended.backend
             _profiles.save(
                 fn,
                 _profiles.StoredProfile(

@@ -8,7 +8,6 @@ from smartexec._rerouting import (
     MAX_SAMPLES,
     SWITCH_GAIN,
     Evidence,
-    fresh_start_route,
     predict_s,
     reroute,
 )
@@ -180,53 +179,6 @@ def test_a_near_tie_stays():
         cpus=2,
     )
     assert stay.target is None and "gain only" in stay.reason
-
-
-def test_a_near_tie_on_processes_sends_a_later_run_to_threads():
-    # hashlib on 2 cores: fork and threads predicted alike. The map stays on
-    # its running pool; a fresh run would pay a pool's start-up that threads
-    # do not: it starts on threads, where the same figures keep it.
-    near = dict(send_s=1e-5, rest=150, cpus=2)
-    found = evidence(RELEASES, RELEASES, per_item_s=0.0027)
-    stay = reroute(found, current="fork", candidates={"fork": (2, 0.0), "thread": (6, 0.0)}, **near)
-    assert stay.target is None
-    assert fresh_start_route("fork", stay, found.kind, 0.008) == "thread"
-    there = reroute(
-        found, current="thread", candidates={"thread": (6, 0.0), "fork": (2, 0.008)}, **near
-    )
-    assert there.target is None
-    assert fresh_start_route("thread", there, found.kind, 0.0) == "thread"
-
-
-@pytest.mark.parametrize("watch", [HOLDS, None], ids=["holds", "no-kind"])
-def test_processes_that_beat_threads_or_unknown_kinds_keep_their_route(watch):
-    found = evidence(watch, watch, per_item_s=0.01) if watch else Evidence(2)
-    if watch is None:
-        found.add(1, 0.01, 0.01, None)
-    stay = reroute(
-        found,
-        current="fork",
-        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
-        send_s=1e-5,
-        rest=100,
-        cpus=2,
-    )
-    assert stay.target is None
-    assert fresh_start_route("fork", stay, found.kind, 0.008) == "fork"
-
-
-def test_a_move_is_where_a_later_run_starts():
-    found = evidence(WAITS, WAITS, per_item_s=0.01)
-    moved = reroute(
-        found,
-        current="fork",
-        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
-        send_s=1e-5,
-        rest=100,
-        cpus=2,
-    )
-    assert moved.target == "thread"
-    assert fresh_start_route("fork", moved, found.kind, 0.008) == "thread"
 
 
 def test_a_switch_must_save_some_milliseconds():

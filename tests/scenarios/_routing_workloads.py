@@ -77,15 +77,3 @@ def busy_5us(x):
     while time.perf_counter() < end:
         pass
     return x
-
-
-_BLOCK = bytes(range(256)) * (4 << 12)  # 1 MiB
-
-
-def hash_block(x):
-    """sha256 of 1 MiB, salted with ``x`` (~0.6 ms; hashlib lets go of the GIL)."""
-    import hashlib
-
-    digest = hashlib.sha256(x.to_bytes(8, "little"))
-    digest.update(_BLOCK)
-    return digest.hexdigest()

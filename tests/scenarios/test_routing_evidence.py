@@ -22,7 +22,6 @@ from smartexec import SmartExecutor, _profiles, gil
 from ._routing_workloads import (
     array_sum,
     busy_5us,
-    hash_block,
     meet,
     python_5ms,
     python_5ms_one_stall,
@@ -148,40 +147,6 @@ with SmartExecutor() as ex:
     assert "START fork False" in runs[0] and "END thread" in runs[0], runs[0]
     assert "START thread True" in runs[1] and "END thread" in runs[1], runs[1]
     assert "measured in the workers" in runs[1]  # checked again, not taken on trust
-
-
-def test_a_near_tie_on_fork_sends_the_next_run_to_threads(monkeypatch):
-    # GIL-releasing items that fork and threads run alike: the map stays on
-    # its running pool, but a later run, which would pay a pool's start-up
-    # that threads do not, starts on threads. The tie is made certain here;
-    # the GIL kind is the workers' own measurement.
-    from smartexec import _rerouting, executor
-
-    real = _rerouting.reroute
-
-    def tie(evidence, *, current, **kwargs):
-        found = real(evidence, current=current, **kwargs)
-        if current != "fork" or "thread" not in found.predicted:
-            return found
-        predicted = {**found.predicted, "thread": found.predicted["fork"]}
-        return _rerouting.Reroute(None, predicted, f"{found.reason} (tied by the test)")
-
-    monkeypatch.setattr(executor, "reroute", tie)
-    gil.forget(hash_block)
-    with SmartExecutor(max_workers=2) as ex:
-        assert ex.explain(hash_block).backend == "fork"
-        results = list(ex.map(hash_block, range(120)))
-        log = "\n".join(map(str, ex.decisions()))
-    assert results == [hash_block(x) for x in range(120)]
-    assert routes(ex)[-1] == "fork", log  # stayed
-    stored = _profiles.load(hash_block)
-    assert stored is not None and stored.gil is not None, log
-    assert stored.gil.kind == "releases", log
-    assert stored.backend == "thread", log
-    gil.forget(hash_block)  # as in a later run: only the stored profile knows it
-    with SmartExecutor(max_workers=2) as ex:
-        start = ex.explain(hash_block)
-    assert start.backend == "thread" and "earlier run" in str(start), str(start)
 
 
 def test_gil_holding_work_started_on_threads_is_not_read_as_waiting():
