@@ -603,7 +603,17 @@ def reroute(
     best = min(predicted_known, key=lambda route: (predicted_known[route], route != current))
     what = f"{evidence.describe()}; predicted for the {left} items left: {figures}"
     if best == current:
-        why = "no GIL kind agreed" if kind is None else f"{current} is fastest"
+        tied = any(
+            route != current and seconds <= here * 1.001
+            for route, seconds in predicted_known.items()
+        )
+        why = (
+            "no GIL kind agreed"
+            if kind is None
+            else "no route is predicted faster"
+            if tied
+            else f"{current} is fastest"
+        )
         return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
     gain = here / max(predicted[best], 1e-9)
     if gain < SWITCH_GAIN or here - predicted[best] < SWITCH_MIN_S:

@@ -195,6 +195,12 @@ def _factory(name: str) -> type[Backend]:
     return get_backend_class(name)  # type: ignore[return-value]
 
 
+#: Said when a map moves from processes to threads part-way.
+THREADS_MUST_BE_SAFE = (
+    "threads run it in this process, several at once: it must be thread-safe "
+    '(prefer="processes" keeps a function that is not on processes)'
+)
+
 #: Seconds routing waits, at most, for busy library threads to go back to their
 #: wait (IPython's history thread writes after each cell), so that the route
 #: does not depend on the instant it was decided.
@@ -1881,7 +1887,10 @@ class SmartExecutor(Executor):
             else:
                 relay.append(new)
                 ended = moved
-                self._note(moved, estimate, verdict.target, (verdict.reason,), new)
+                said: tuple[str, ...] = (verdict.reason,)
+                if verdict.target == "thread" and backend.name in ("fork", "loky"):
+                    said += (THREADS_MUST_BE_SAFE,)
+                self._note(moved, estimate, verdict.target, said, new)
         else:
             self._note(decision, estimate, backend.name, (verdict.reason,))
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned

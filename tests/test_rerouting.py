@@ -181,6 +181,19 @@ def test_a_near_tie_stays():
     assert stay.target is None and "gain only" in stay.reason
 
 
+def test_an_exact_tie_is_not_called_the_fastest():
+    tie = reroute(
+        evidence(RELEASES, RELEASES, per_item_s=0.0025),
+        current="fork",
+        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        send_s=1e-6,
+        rest=160,
+        cpus=2,
+    )
+    assert tie.target is None and tie.predicted["fork"] == tie.predicted["thread"]
+    assert "no route is predicted faster" in tie.reason and "is fastest" not in tie.reason
+
+
 def test_a_switch_must_save_some_milliseconds():
     stay = reroute(
         evidence(WAITS, WAITS, per_item_s=1e-4),

@@ -61,6 +61,7 @@ def test_waiting_work_moves_to_threads_and_its_next_map_starts_there():
         first = ex.decisions()
         assert first[-1].backend == "thread", "\n".join(map(str, first))
         assert "waits" in first[-1].reasons[0] and "moves to thread" in first[-1].reasons[0]
+        assert "must be thread-safe" in first[-1].reasons[1]  # it ran on processes until now
         assert list(ex.map(wait_10ms, range(20))) == list(range(20))
         second = ex.decisions()[len(first) :]
         assert second and all(d.backend == "thread" for d in second), "\n".join(map(str, second))
