@@ -93,6 +93,46 @@ def loads(data: bytes) -> Any:
     return cloudpickle.loads(data)
 
 
+class PackedCalls(NamedTuple):
+    """A chunk's calls as they travel to a worker when none has keyword arguments.
+
+    The ``(args, kwargs)`` pairs of a map carry one empty dict each:
+    pickling a reference to it per item made a 100,000-item chunk's request
+    take 6x longer to pickle and unpickle than its arguments alone (~120 and
+    ~95 ms against ~16 ms each; with one argument per call, the bare items,
+    1 and 4 ms). :func:`pack_calls` makes one; :func:`unpack_calls` undoes it.
+
+    Attributes:
+        single: each call has exactly one positional argument, and ``items``
+            holds those arguments; else ``items`` holds each call's ``args``.
+        items: one entry per call, in order.
+    """
+
+    single: bool
+    items: list[Any]
+
+
+def pack_calls(calls: Sequence[Call]) -> Sequence[Call] | PackedCalls:
+    """``calls`` in their compact form when no call has keyword arguments, else as they are."""
+    if not calls or any(kwargs for _, kwargs in calls):
+        return calls
+    if all(len(args) == 1 for args, _ in calls):
+        return PackedCalls(True, [args[0] for args, _ in calls])
+    return PackedCalls(False, [args for args, _ in calls])
+
+
+_NO_KWARGS: dict[str, Any] = {}
+
+
+def unpack_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call]:
+    """The ``(args, kwargs)`` pairs of :func:`pack_calls`' result (a list is returned as it is)."""
+    if not isinstance(calls, PackedCalls):
+        return calls
+    if calls.single:
+        return [((item,), _NO_KWARGS) for item in calls.items]
+    return [(args, _NO_KWARGS) for args in calls.items]
+
+
 class ChunkResult(NamedTuple):
     """What a worker returns for one chunk.
 
@@ -210,7 +250,7 @@ os.register_at_fork(after_in_child=forget_watches)
 
 def run_chunk(
     fn: Callable[..., Any],
-    chunk: Sequence[Call],
+    chunk: Sequence[Call] | PackedCalls,
     remote: bool = False,
     budget_s: float | None = None,
     *,
@@ -220,7 +260,9 @@ def run_chunk(
 
     Args:
         fn: the callable.
-        chunk: a sequence of ``(args, kwargs)`` pairs.
+        chunk: a sequence of ``(args, kwargs)`` pairs, or the
+            :class:`PackedCalls` a request carries them in (run as they are:
+            unpacking 100,000 calls cost ~80 ms of garbage collection).
         remote: True when the outcomes will be pickled to another process:
             exceptions are then wrapped by :func:`remote_exception`.
         budget_s: stop after the item during which this many seconds have
@@ -240,6 +282,9 @@ def run_chunk(
         never raised.
     """
     outcomes: list[tuple[bool, Any]] = []
+    packed = isinstance(chunk, PackedCalls)
+    single = packed and chunk.single  # type: ignore[union-attr]
+    entries: Sequence[Any] = chunk.items if packed else chunk  # type: ignore[union-attr]
     key = _watch_due(fn) if watch else None
     sampler = GilSampler() if key is not None else None
     if sampler is not None:
@@ -248,9 +293,14 @@ def run_chunk(
     start = time.perf_counter()
     deadline = math.inf if budget_s is None else start + budget_s
     try:
-        for args, kwargs in chunk:
+        for entry in entries:
             try:
-                outcomes.append((True, fn(*args, **kwargs)))
+                if single:
+                    outcomes.append((True, fn(entry)))
+                elif packed:
+                    outcomes.append((True, fn(*entry)))
+                else:
+                    outcomes.append((True, fn(*entry[0], **entry[1])))
             except BaseException as exc:
                 outcomes.append((False, remote_exception(exc) if remote else exc))
                 del exc

@@ -86,6 +86,8 @@ def quick_to_pickle(fn: Any, chunk: Sequence[Call]) -> bool:
     for args, kwargs in chunk:
         stack.extend(args)
         stack.extend(kwargs.values())
+        if len(stack) > budget:
+            return False  # more nodes than the budget: no need to list them all
     while stack:
         budget -= 1
         if budget < 0:

@@ -83,7 +83,16 @@ import cloudpickle
 
 from . import _fingerprint, _memmap, _remote, _shm
 from ._identity import WeakCallable, identity_key
-from ._remote import PROTOCOL, Call, ChunkResult, _Pickler, remote_exception, run_chunk
+from ._remote import (
+    PROTOCOL,
+    Call,
+    ChunkResult,
+    _Pickler,
+    pack_calls,
+    remote_exception,
+    run_chunk,
+    unpack_calls,
+)
 from ._system import WORKER_ENV
 
 __all__ = [
@@ -306,7 +315,7 @@ def dumps_request(
         elif isinstance(fn, CachedCallable):
             fn = fn.fn
         encoder = _Encoder(owner=None)
-        data = _encode((fn, list(calls), budget_s), encoder, prune)
+        data = _encode((fn, pack_calls(calls), budget_s), encoder, prune)
         lease.segments.extend(name for name, _ in encoder.segments)
     except BaseException:
         lease.release()
@@ -315,8 +324,13 @@ def dumps_request(
 
 
 def loads_request(data: bytes) -> Any:
-    """Unpickle a request in the worker; arrays map their segments copy-on-write."""
-    return _decode(data, private=True, adopt=False)
+    """Unpickle a request in the worker; arrays map their segments copy-on-write.
+
+    Returns ``(fn, calls, budget_s)``, the calls as ``(args, kwargs)`` pairs
+    (they travel packed, :class:`~smartexec._remote.PackedCalls`).
+    """
+    fn, calls, budget_s = _decode(data, private=True, adopt=False)
+    return fn, unpack_calls(calls), budget_s
 
 
 def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
@@ -432,7 +446,7 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     _shm.release_acknowledged()  # the parent has mapped our last replies by now
     result: ChunkResult | None = None
     try:
-        fn, chunk, budget_s = loads_request(data)
+        fn, chunk, budget_s = _decode(data, private=True, adopt=False)  # calls still packed
     except BaseException as exc:
         reply: tuple[str, Any] = ("error", remote_exception(exc))
     else:

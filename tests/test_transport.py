@@ -602,3 +602,35 @@ def test_a_memmap_is_pickled_as_a_reference_to_its_file(tmp_path):
     private[0] = 9.0  # not in the file: must travel by value
     assert _remote.loads(_remote.dumps(private))[0, 0] == 9.0
     del back, copy, read_only, private, mm
+
+
+def _pair(a, b=0, *, c=0):
+    return (a, b, c)
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [((i,), {}) for i in range(50)],  # one argument each: the bare items travel
+        [((i, i + 1), {}) for i in range(50)],  # no keywords: the args tuples travel
+        [((i,), {"c": i}) if i % 7 == 0 else ((i,), {}) for i in range(50)],  # as they are
+        [((), {"a": 1})],
+    ],
+    ids=["single", "args", "kwargs", "keywords-only"],
+)
+def test_calls_travel_packed_and_run_as_sent(calls):
+    from smartexec._remote import PackedCalls, pack_calls, run_chunk, unpack_calls
+
+    packed = pack_calls(calls)
+    assert isinstance(packed, PackedCalls) == all(not kwargs for _, kwargs in calls)
+    data, lease = transport.dumps_request(_pair, calls, None)
+    try:
+        fn, got, budget = transport.loads_request(data)
+        assert got == calls and budget is None
+        assert unpack_calls(packed) == calls
+        status, result = transport.loads_reply(transport.serve_request(data))
+    finally:
+        lease.release()
+    assert status == "ok"
+    assert result.outcomes == [(True, _pair(*args, **kwargs)) for args, kwargs in calls]
+    assert run_chunk(_pair, packed).outcomes == result.outcomes
