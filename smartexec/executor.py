@@ -2071,8 +2071,11 @@ class SmartExecutor(Executor):
         shutdown finishes only the tasks already sent.
         """
         unsent = self._unsent
-        for key in [key for key, held in unsent.items() if held.input_read]:
-            del unsent[key]
+        # A copy first: a collected map's finaliser (any allocation may run
+        # one) pops from the dict, which iterating it would not survive.
+        for key, held in unsent.copy().items():
+            if held.input_read:
+                unsent.pop(key, None)
         key = id(stream)
         unsent[key] = stream
 
@@ -2177,7 +2180,7 @@ class SmartExecutor(Executor):
         with self._lock:
             self._shutdown = True
             backends = list(self._backends.values())
-            unsent = list(self._unsent.values())
+            unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
         if wait and not cancel_futures:
             for stream in unsent:
