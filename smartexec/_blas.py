@@ -130,7 +130,6 @@ class ThreadCap:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._building = threading.Lock()  # held by the thread building the table
         # One token per chunk running: list.append and list.pop are atomic,
         # so counting takes no lock. Thousands of tiny calls on six threads
         # queued behind a lock held by a thread the GIL had switched out
@@ -162,30 +161,9 @@ class ThreadCap:
         if len(tokens) > 1 or self._saved is not None:
             cpus = max(1, cpus)
             if self._saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
-                if self._saved is None and not self._built_here():
-                    return  # another thread builds the table; it caps for this chunk too
                 with self._lock:
                     self._cpus = cpus
                     self._apply()
-
-    def _built_here(self) -> bool:
-        """Build threadpoolctl's table of pools outside the lock; False if another thread is.
-
-        The first build imports threadpoolctl and scans the loaded libraries
-        (4-10 ms of mostly GIL-held work among busy threads). Under the lock,
-        every chunk that started or ended meanwhile waited for it (a hashing
-        map on 6 threads ran 10 % slower); now they run on, uncapped for
-        those milliseconds, and the builder caps for all of them at once.
-        """
-        if not self._building.acquire(blocking=False):
-            return False
-        try:
-            controller_for_fork()  # kept (see controller_for_fork): _apply takes it at once
-        except Exception:  # pragma: no cover - threadpoolctl missing or broken
-            pass
-        finally:
-            self._building.release()
-        return True
 
     def exit(self) -> None:
         """The chunk (or call) of an :meth:`enter` ended."""
