@@ -121,6 +121,9 @@ def pack_calls(calls: Sequence[Call]) -> Sequence[Call] | PackedCalls:
     return PackedCalls(False, [args for args, _ in calls])
 
 
+#: The keyword arguments of every call of a map: one shared empty dict (a
+#: call unpacks it, ``fn(*args, **kwargs)``, so it is never handed out); the
+#: executor builds a map's calls with it, and :func:`unpack_calls` too.
 _NO_KWARGS: dict[str, Any] = {}
 
 

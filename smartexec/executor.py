@@ -49,7 +49,7 @@ from ._mapping import (
     stream_values,
     then_raise,
 )
-from ._remote import Call, ChunkResult
+from ._remote import _NO_KWARGS, Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
 from ._submit_learning import Learned, SubmitLearner
 from ._system import current_platform
@@ -91,11 +91,6 @@ from .tuning import chunksize as tuned_chunksize
 __all__ = ["SmartExecutor"]
 
 T = TypeVar("T")
-
-#: The keyword arguments of every call of a map: one shared empty dict (a
-#: call unpacks it, ``fn(*args, **kwargs)``, so it is never handed out), and
-#: a chunk's pickle memoizes it instead of writing one dict per item.
-_NO_KWARGS: dict[str, Any] = {}
 
 #: Most decisions kept for :meth:`SmartExecutor.decisions`.
 DECISION_LOG_SIZE = 1000
