@@ -185,7 +185,9 @@ class GilProfile:
             items were not queued, per such thread (float; above 1 when an
             item runs threads of its own, as a multithreaded BLAS does for
             ``A @ A``). At most 1 when threads of the program ran meanwhile
-            (their BLAS pools' time cannot be told from the item's), or when
+            (their BLAS pools' time cannot be told from the item's), when a
+            thread Python does not know was on a CPU as the watch began (a
+            BLAS pool still spinning after an earlier call), or when
             the item's own threads were on the CPU under
             :data:`MANY_CORES_OWN_SHARE` of the time.
     """
@@ -299,6 +301,41 @@ class SchedReader:
                 self._forget(native_id)
 
 
+def _foreign_thread_running() -> bool:
+    """Whether a thread Python does not know (a BLAS or OpenMP pool) is on a CPU now.
+
+    Such pools keep their threads spinning after a call (OpenBLAS about
+    0.1 s): a watch that starts while they spin would count their time as
+    the item's, and a hashing item run right after the program's ``A @ A``
+    would read as keeping every core busy (2.0 cores on 2). Reads the state
+    letter of ``/proc/self/task/<tid>/stat`` (``R``: running or runnable) of
+    each thread not in :func:`threading.enumerate`; about 10 us a thread.
+    False where ``/proc`` cannot be read (not Linux).
+    """
+    known = {t.native_id for t in threading.enumerate()}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for name in tids:
+        try:
+            tid = int(name)
+        except ValueError:
+            continue
+        if tid in known:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it ended meanwhile
+        # "pid (comm) S ...": comm may hold spaces and parentheses.
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+        if state == b"R":
+            return True
+    return False
+
+
 def _others_cpu() -> dict[int, float] | None:
     """Seconds on a CPU of smartexec's other threads (dispatchers, workers), by native id.
 
@@ -401,8 +438,9 @@ class GilSampler:
         # Threads of the program may run BLAS too, on pool threads Python does
         # not know: their CPU time cannot be told from the item's.
         me = threading.current_thread()
-        self._not_alone = any(
-            t is not me and not t.name.startswith("smartexec-") for t in threading.enumerate()
+        self._not_alone = (
+            any(t is not me and not t.name.startswith("smartexec-") for t in threading.enumerate())
+            or _foreign_thread_running()
         )
         self._start_wall = time.perf_counter()
         self._start_cpu = time.process_time()

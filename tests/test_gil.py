@@ -225,6 +225,38 @@ def test_a_blas_pool_still_spinning_is_not_the_items():
     assert measured.cores <= 1.0 and last.backend == "thread", str(last)
 
 
+def test_a_blas_pool_still_spinning_is_not_a_computing_item_s_cores():
+    # A hashing item computes on its own thread all the time; right after the
+    # program's A @ A, OpenBLAS's spinning threads read as the item's own:
+    # 2.0 cores on 2, and a map with allow_inline ran one item at a time.
+    import hashlib
+
+    import numpy as np
+
+    a = np.ones((800, 800))
+    data = b"x" * (1 << 16)
+    for _ in range(3):
+        (a @ a).sum()
+        watched = gil.watch(lambda _: hashlib.sha256(data).digest(), iter(range(10**6)), False)
+        assert watched.profile.kind == "releases" or watched.profile.cpu_share < 0.8
+        assert watched.profile.cores <= 1.0, watched.profile
+
+
+def test_a_spinning_thread_python_does_not_know_is_seen():
+    import numpy as np
+
+    a = np.ones((800, 800))
+    (a @ a).sum()
+    spinning = gil._foreign_thread_running()
+    time.sleep(1.0)  # OpenBLAS's threads sleep after ~0.1 s
+    assert not gil._foreign_thread_running()
+    from threadpoolctl import threadpool_info
+
+    blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+    if blas and blas[0]["internal_api"] == "openblas" and blas[0]["num_threads"] > 1:
+        assert spinning
+
+
 def test_a_noisy_queue_reading_cannot_make_one_thread_several_cores(monkeypatch):
     # Under load, "time queued" is read apart from the wall clock: were it to
     # reach the wall time, one busy thread would read as many cores.
