@@ -80,6 +80,7 @@ from .policy import (
     Decision,
     Options,
     decide,
+    measured_reasons,
     stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track
@@ -1771,7 +1772,7 @@ class SmartExecutor(Executor):
         if backend.name not in ("fork", "loky", "thread"):
             # A plugin's or a cluster's backend (dask): the user chose to
             # run there; the figures are kept, the route is not changed.
-            self._note(decision, estimate, backend.name, (evidence.describe(),))
+            self._note(decision, estimate, backend.name, (evidence.describe(),), measured=True)
             return True
         alternative: Decision | None = None
         if backend.name in ("fork", "loky") and self._options.prefer != "processes":
@@ -1851,7 +1852,7 @@ class SmartExecutor(Executor):
                     "threads, whose figures (the sending measured afresh) may move them",
                 ),
             )
-            self._note(ended, estimate, "inline", (verdict.reason,))
+            self._note(ended, estimate, "inline", (verdict.reason,), measured=True)
         elif verdict.target is not None and alternative is not None:
             left = stream.detach()
             try:
@@ -1877,7 +1878,11 @@ class SmartExecutor(Executor):
             except Exception as exc:  # e.g. shut down meanwhile: stay
                 stream.reattach()
                 self._note(
-                    decision, estimate, backend.name, (f"{verdict.reason}; the move failed: {exc}",)
+                    decision,
+                    estimate,
+                    backend.name,
+                    (f"{verdict.reason}; the move failed: {exc}",),
+                    measured=True,
                 )
             else:
                 relay.append(new)
@@ -1885,9 +1890,9 @@ class SmartExecutor(Executor):
                 said: tuple[str, ...] = (verdict.reason,)
                 if verdict.target == "thread" and backend.name in ("fork", "loky"):
                     said += (THREADS_MUST_BE_SAFE,)
-                self._note(moved, estimate, verdict.target, said, new)
+                self._note(moved, estimate, verdict.target, said, new, measured=True)
         else:
-            self._note(decision, estimate, backend.name, (verdict.reason,))
+            self._note(decision, estimate, backend.name, (verdict.reason,), measured=True)
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
@@ -2157,13 +2162,22 @@ class SmartExecutor(Executor):
         backend: str,
         reasons: tuple[str, ...],
         stream: ChunkStream | None = None,
+        *,
+        measured: bool = False,
     ) -> None:
-        """Log what a map did, with its measured figures, before the policy's reasons."""
+        """Log what a map did, with its measured figures, before the policy's reasons.
+
+        ``measured``: the figures come from the map's own items, so the
+        policy's "not measured yet" is no longer true and is left out.
+        """
         size = stream.sizes[0] if stream is not None and stream.sizes else None
         done = dataclasses.replace(
             decision,
             backend=backend,
-            reasons=(*reasons, *decision.reasons),
+            reasons=(
+                *reasons,
+                *(measured_reasons(decision.reasons) if measured else decision.reasons),
+            ),
             share=decision.share and backend == decision.backend,
             chunksize=size,
             measure=False,

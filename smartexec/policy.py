@@ -155,6 +155,27 @@ class Decision:
         return _display.decision_html(self)
 
 
+#: The reason a callable not measured yet starts on processes; the words in
+#: parentheses say how it will be measured, and are dropped once it was
+#: (:func:`measured_reasons`).
+GIL_UNKNOWN = "it may hold the GIL, so processes run it in parallel"
+GIL_NOT_MEASURED = (
+    " (not measured yet: its first chunks are measured in the workers, and a map "
+    "may move to threads)"
+)
+GIL_FIRST_MAP_MEASURES = " (its first map measures this and may move it to threads)"
+
+
+def measured_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """``reasons`` (a :class:`Decision`'s) with "not measured yet" taken out.
+
+    For the lines a map logs once its first chunks were measured: the reason
+    its route was chosen stays, the promise of a measurement goes.
+    """
+    unmeasured = (GIL_UNKNOWN + GIL_NOT_MEASURED, GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES)
+    return tuple(GIL_UNKNOWN if reason in unmeasured else reason for reason in reasons)
+
+
 def _describe(profile: CallableProfile) -> str:
     kinds = {
         "function": "an importable module-level function",
@@ -538,15 +559,9 @@ def _decide(
     elif measured is not None:
         gil_reason = str(measured)
     elif options.allow_inline:
-        gil_reason = (
-            "it may hold the GIL, so processes run it in parallel (its first map "
-            "measures this and may move it to threads)"
-        )
+        gil_reason = GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES
     else:
-        gil_reason = (
-            "it may hold the GIL, so processes run it in parallel (not measured yet: "
-            "its first chunks are measured in the workers, and a map may move to threads)"
-        )
+        gil_reason = GIL_UNKNOWN + GIL_NOT_MEASURED
     measure = measurable and measured is None and options.allow_inline
     gil = measured if measurable else None
 

@@ -79,6 +79,9 @@ def test_gil_holding_work_stays_on_processes():
             assert list(ex.map(python_5ms, range(80))) == list(range(80))
             assert set(routes(ex)) == {"fork"}, "\n".join(map(str, ex.decisions()))
             settled = ex.decisions()[-1].reasons[0]
+            # the line written once it was measured no longer promises it
+            assert "not measured yet" in str(first_start(ex))
+            assert "not measured yet" not in str(ex.decisions()[-1])
         if "holds" in settled:
             break
     assert "holds" in settled
