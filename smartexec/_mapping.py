@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import itertools
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -86,7 +87,7 @@ def default_buffersize(n_workers: int) -> int:
 class _Slot:
     """Consecutive items sent as one chunk; part of it may be re-sent."""
 
-    __slots__ = ("calls", "outcomes", "future", "retries", "spared")
+    __slots__ = ("calls", "outcomes", "future", "retries", "spared", "error")
 
     def __init__(self, calls: list[Call], future: Future[ChunkResult], retries: int = 0):
         self.calls = calls  # the items with no outcome yet
@@ -94,6 +95,9 @@ class _Slot:
         self.future = future
         self.retries = retries  # re-sends left after a worker death
         self.spared = False  # had its free re-run after another worker's death
+        #: The error of ``calls`` met by :meth:`ChunkStream.finish`, raised
+        #: where the stream is read.
+        self.error: BaseException | None = None
 
 
 #: From an input of unknown length, a chunk is sent once filling it has taken
@@ -203,6 +207,9 @@ class ChunkStream:
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
         self._input_error: BaseException | None = None  # raised after the chunks before it
+        # The reader's thread and shutdown's (send_rest, finish) may both read
+        # the input and take chunks: one at a time.
+        self._lock = threading.RLock()
         #: Called once the stream is cancelled or aborted (its map ended or was
         #: closed): an executor stops counting it among the maps to finish.
         self.on_cancel: Callable[[], None] | None = None
@@ -368,6 +375,8 @@ class ChunkStream:
 
     def _wait(self, slot: _Slot) -> list[tuple[bool, Any]]:
         while slot.calls:
+            if slot.error is not None:
+                raise slot.error
             self._resend_partials()
             if not slot.calls:
                 break
@@ -396,14 +405,16 @@ class ChunkStream:
                     # wait). At most one chunk is read here: a slow producer
                     # holds a ready result back by one chunk's filling at most.
                     try:
-                        self._refill(extra=1)
+                        with self._lock:
+                            self._refill(extra=1)
                     except Exception as exc:
                         late_error = exc
                         self._exhausted = True
-                if not self._window:
-                    break  # the input ended as the refill read it
-                outcomes = self._wait(self._window[0])
-                self._window.popleft()
+                with self._lock:
+                    if not self._window:
+                        break  # the input ended as the refill read it
+                    outcomes = self._wait(self._window[0])
+                    self._window.popleft()
                 yield outcomes
                 del outcomes
             if late_error is None:
@@ -434,12 +445,20 @@ class ChunkStream:
         Returns:
             The outcomes, in the chunk's order; None when no chunk has finished.
         """
+        with self._lock:
+            return self._next_done()
+
+    def _next_done(self) -> list[tuple[bool, Any]] | None:
         for slot in self._window:
-            if slot.future.done():
+            # not slot.calls: taken whole by finish(), its future already read
+            if not slot.calls or slot.error is not None or slot.future.done():
                 break
         else:
             return None
-        self._absorb(slot)
+        if slot.error is not None:
+            raise slot.error
+        if slot.calls:
+            self._absorb(slot)
         outcomes, slot.outcomes = slot.outcomes, []
         if not slot.calls:
             self._window.remove(slot)
@@ -452,7 +471,8 @@ class ChunkStream:
         :attr:`late_error`, as :meth:`chunks` keeps it.
         """
         try:
-            self._refill()
+            with self._lock:
+                self._refill()
         except Exception as exc:
             self._input_error = exc
             self._exhausted = True
@@ -504,17 +524,61 @@ class ChunkStream:
         error of the input is kept, raised where the stream is read, after
         the results before it.
         """
-        if self.input_read:
-            return
-        # Unmeasured, chunks are sized as multiprocessing.Pool.map sizes them,
-        # not one item each: nobody waits for a first result now.
-        self._probe = None
-        self._measure_first = False
-        try:
-            self._refill(extra=sys.maxsize)
-        except Exception as exc:
-            self._input_error = exc
-            self._exhausted = True
+        with self._lock:
+            if self.input_read:
+                return
+            # Unmeasured, chunks are sized as multiprocessing.Pool.map sizes
+            # them, not one item each: nobody waits for a first result now.
+            self._probe = None
+            self._measure_first = False
+            try:
+                self._refill(extra=sys.maxsize)
+            except Exception as exc:
+                self._input_error = exc
+                self._exhausted = True
+
+    def finish(self) -> None:
+        """Wait for every chunk sent, re-sending what workers left, and keep the outcomes.
+
+        What :meth:`~smartexec.SmartExecutor.shutdown` does after
+        :meth:`send_rest`, while the backends still take chunks: the rest of
+        a chunk its worker stopped at its time budget, and the items of a
+        chunk whose worker died, are sent again only as the stream is read,
+        and read after the shutdown they could not be. Each chunk's outcomes
+        (or its error, raised at its place) wait in the window for the
+        reader. Waits with no timeout, as a shutdown does.
+        """
+        with self._lock:
+            at = 0
+            while at < len(self._window):  # _recover inserts slots after the one it splits
+                slot = self._window[at]
+                while slot.calls and slot.error is None:
+                    try:
+                        slot.future.exception()  # wait; _absorb raises its error
+                        self._absorb(slot)
+                    except Exception as exc:
+                        slot.error = exc
+                at += 1
+
+    @property
+    def settled(self) -> bool:
+        """Whether nothing is left to send: the input read, no chunk to re-send.
+
+        True once every chunk in the window finished whole (a chunk its
+        worker stopped part-way, or one that failed, may need re-sending);
+        a stream :meth:`finish` need not wait for. Waits for nothing.
+        """
+        if not self.input_read:
+            return False
+        for slot in list(self._window):
+            future = slot.future
+            if slot.error is not None or not slot.calls:
+                continue
+            if not future.done() or future.cancelled() or future.exception() is not None:
+                return False
+            if len(future.result().outcomes) < len(slot.calls):
+                return False
+        return True
 
     def cancel(self) -> None:
         """Cancel every chunk not yet running; mark the input exhausted."""

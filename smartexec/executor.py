@@ -654,8 +654,9 @@ class SmartExecutor(Executor):
         self._lock = threading.RLock()
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
-        #: Maps shutdown(wait=True) sends to their end (see _to_finish), by id().
-        self._unsent: dict[int, ChunkStream] = {}
+        #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
+        #: stream, and whether the rest of its input is sent too.
+        self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         # Completed submits' figures (smartexec._submit_learning) move later
@@ -2056,28 +2057,29 @@ class SmartExecutor(Executor):
                 probe=probe if chunksize is None else None,
                 keep_first_error=keep_first_error,
             )
-            if buffersize is None and remaining is not None:
-                self._to_finish(stream)
+            self._to_finish(stream, send_rest=buffersize is None and remaining is not None)
             return stream
 
-    def _to_finish(self, stream: ChunkStream) -> None:
+    def _to_finish(self, stream: ChunkStream, send_rest: bool) -> None:
         """Count ``stream`` among the maps :meth:`shutdown` finishes (hold ``self._lock``).
 
-        Only a map over inputs of known length without ``buffersize``: the
-        stdlib's reads such an input whole when called, so its every item
-        runs, read or not. One read lazily to its end at shutdown would
-        never end on an endless input, which the stdlib's ``map`` could not
-        take either; with ``buffersize``, 3.14's reads lazily too, and its
-        shutdown finishes only the tasks already sent.
+        Every map's chunks already sent finish whole, re-sent parts
+        included (:meth:`ChunkStream.finish`). With ``send_rest`` (a map over
+        inputs of known length without ``buffersize``) the rest of its input
+        is sent first: the stdlib's reads such an input whole when called,
+        so its every item runs, read or not. One read lazily to its end at
+        shutdown would never end on an endless input, which the stdlib's
+        ``map`` could not take either; with ``buffersize``, 3.14's reads
+        lazily too, and its shutdown finishes only the tasks already sent.
         """
         unsent = self._unsent
         # A copy first: a collected map's finaliser (any allocation may run
         # one) pops from the dict, which iterating it would not survive.
-        for key, held in unsent.copy().items():
-            if held.input_read:
+        for key, (held, _) in unsent.copy().items():
+            if held.settled:  # nothing left to send or to send again
                 unsent.pop(key, None)
         key = id(stream)
-        unsent[key] = stream
+        unsent[key] = (stream, send_rest)
 
         def finished() -> None:  # holds the dict, not the stream nor self
             unsent.pop(key, None)
@@ -2191,10 +2193,24 @@ class SmartExecutor(Executor):
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
-        if wait and not cancel_futures:
-            for stream in unsent:
-                stream.on_cancel = None
-                stream.send_rest()
+        streams = [stream for stream, _ in unsent]
+        try:
+            if wait and not cancel_futures:
+                for stream, send_rest in unsent:
+                    stream.on_cancel = None
+                    if send_rest:
+                        stream.send_rest()
+                # The rest of a chunk stopped at its time budget, and a dead
+                # worker's items, are sent again only as a map is read: here,
+                # while the backends still take them.
+                for stream in streams:
+                    stream.finish()
+        except BaseException:  # Ctrl-C while waiting: stop those maps' chunks
+            for stream in streams:
+                stream.abort()
+            for backend in backends:
+                backend.shutdown(wait=False, cancel_futures=True)
+            raise
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
 
@@ -2212,7 +2228,11 @@ class SmartExecutor(Executor):
         A map over an input of unknown length (a generator), or given a
         ``buffersize``, finishes only the chunks already sent, as 3.14's
         ``map`` with ``buffersize``; reading past them afterwards raises
-        ``RuntimeError``.
+        ``RuntimeError``. Either way the chunks sent finish whole: the
+        part a worker left (a chunk stopped at its time budget, the items
+        of a worker that died) is sent again before the backends shut
+        down, and a failed item's error waits at its place in the results.
+        Ctrl-C while it waits stops those maps' chunks, running ones too.
         """
     )
 

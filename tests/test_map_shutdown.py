@@ -134,3 +134,55 @@ def test_a_finished_map_is_not_held_by_the_executor():
         del gen
         gc.collect()
         assert probe() is None and not ex._unsent  # closed by its collection
+
+
+def spin_then_touch(folder, i, seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:  # holds the GIL: the map stays on processes
+        pass
+    open(os.path.join(folder, str(i)), "w").close()
+    return i
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_the_rest_of_a_chunk_stopped_at_its_budget_runs_at_shutdown(backend, tmp_path):
+    # Measured at 1 ms an item, the next map's items take 50 ms: workers stop
+    # their chunks at the budget, and the rest was re-sent only as the map
+    # was read (26 of 100 items ran; reading afterwards raised RuntimeError).
+    warm, folder = str(tmp_path / "warm"), str(tmp_path / "slow")
+    os.mkdir(warm)
+    os.mkdir(folder)
+    with SmartExecutor(2, backend=backend) as ex:
+        list(ex.map(spin_then_touch, [warm] * 200, range(200), [0.001] * 200))
+        results = ex.map(spin_then_touch, [folder] * 60, range(60), [0.03] * 60)
+    assert touched(folder) == list(range(60))
+    assert list(results) == list(range(60))
+
+
+def die_on_three(x):
+    if x == 3:
+        os._exit(7)
+    return x
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_worker_death_in_a_map_read_after_shutdown_fails_its_item_only(backend):
+    from smartexec.errors import WorkerCrashedError
+
+    with SmartExecutor(2, backend=backend) as ex:
+        results = ex.map(die_on_three, range(20), chunksize=5)
+    assert [next(results) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(WorkerCrashedError):
+        next(results)
+
+
+def test_a_map_read_in_another_thread_during_shutdown_loses_and_repeats_nothing():
+    import threading
+
+    got = []
+    with SmartExecutor(2, backend="fork") as ex:
+        results = ex.map(square, range(20000), chunksize=50)
+        reader = threading.Thread(target=lambda: got.extend(results))
+        reader.start()
+    reader.join(60)
+    assert got == [x * x for x in range(20000)]
