@@ -36,6 +36,7 @@ import collections
 import contextlib
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
@@ -58,6 +59,40 @@ from ..inspection import callable_name
 from ._base import Backend, check_open_files, forced_by
 
 __all__ = ["LokyBackend"]
+
+#: Backends whose ``shutdown(wait=False)`` left chunks queued here, not yet
+#: handed to loky: :func:`_hand_over_at_exit` waits for them.
+_DRAINING: weakref.WeakSet[LokyBackend] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _hand_over_at_exit() -> None:
+    """At interpreter exit: hand loky every chunk a ``shutdown(wait=False)`` left queued.
+
+    ``concurrent.futures`` runs the work queued before ``shutdown(wait=False)``
+    even at interpreter exit; loky does too for what it was given, but this
+    backend hands loky one chunk per idle worker and keeps the rest, so only
+    the chunks running at exit ran (2 of 6). A threading exit hook, registered
+    after loky's own (which stops loky taking chunks): hooks run last
+    registered first, so this one runs while loky still takes them, and
+    loky's then waits for them to finish.
+    """
+    for backend in list(_DRAINING):
+        backend._wait_drained()
+
+
+def _register_exit_hook() -> None:
+    """Register :func:`_hand_over_at_exit` once, after loky's exit hook (see there)."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        _exit_hook_registered = True
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # the interpreter is exiting already
+            register(_hand_over_at_exit)
 
 
 #: Seconds to wait for each signalled loky worker to exit (signal_workers).
@@ -346,7 +381,20 @@ class LokyBackend(Backend):
                 return future
         return None
 
+    def _wait_drained(self) -> None:
+        """Wait until every queued chunk was handed to loky (or failed, or was cancelled)."""
+        with self._drained:
+            self._drained.wait_for(lambda: not self._queue)
+
     def _hand(self, pool: Any, payload: bytes) -> Future[bytes]:
+        inner = self._submit(pool, payload)
+        if not _exit_hook_registered:
+            # loky registers its own exit hook as its first chunk is given:
+            # this one must come after it (see _hand_over_at_exit).
+            _register_exit_hook()
+        return inner
+
+    def _submit(self, pool: Any, payload: bytes) -> Future[bytes]:
         try:
             return pool.submit(self._serve, payload)  # type: ignore[no-any-return]
         except BrokenProcessPool as exc:
@@ -436,6 +484,8 @@ class LokyBackend(Backend):
         with self._lock:
             pool = self._pool if not self._queue else None
             self._stop_when_drained = bool(self._queue)
+        if self._stop_when_drained:
+            _DRAINING.add(self)
         if pool is not None:
             pool.shutdown(wait=False, kill_workers=False)
             self._cache.close()

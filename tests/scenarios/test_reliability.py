@@ -242,6 +242,33 @@ def test_a_forgotten_shutdown_does_not_hold_the_exit():
     assert "exiting" in result.stdout
 
 
+@pytest.mark.parametrize("backend", ["fork", "loky", "thread"])
+def test_work_queued_before_shutdown_without_wait_runs_at_exit(backend, tmp_path):
+    # As concurrent.futures: shutdown(wait=False) returns, and the queued
+    # calls still run before the interpreter exits. loky's backend handed
+    # loky one chunk per worker and kept the rest: 2 of 6 ran.
+    result = _children.run_python(
+        f"""
+        import os, time
+        from smartexec import SmartExecutor
+
+        def touch(i):
+            time.sleep(0.2)
+            open(os.path.join({str(tmp_path)!r}, str(i)), "w").close()
+            return i
+
+        ex = SmartExecutor(2, backend={backend!r})
+        futures = [ex.submit(touch, i) for i in range(6)]
+        mapped = ex.map(touch, range(6, 10), chunksize=1)
+        ex.shutdown(wait=False)
+        print("exiting", flush=True)
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(int(name) for name in os.listdir(tmp_path)) == list(range(10)), result.stderr
+
+
 # -- thread safety and nesting ---------------------------------------------------
 
 
