@@ -18,6 +18,8 @@ import pytest
 
 from smartexec import SmartExecutor
 
+from .backends.test_conformance import die_on_three
+
 pytestmark = pytest.mark.timeout(90)
 
 BACKENDS = [None, "fork", "thread", "loky"]
@@ -157,12 +159,6 @@ def test_the_rest_of_a_chunk_stopped_at_its_budget_runs_at_shutdown(backend, tmp
         results = ex.map(spin_then_touch, [folder] * 60, range(60), [0.03] * 60)
     assert touched(folder) == list(range(60))
     assert list(results) == list(range(60))
-
-
-def die_on_three(x):
-    if x == 3:
-        os._exit(7)
-    return x
 
 
 @pytest.mark.parametrize("backend", ["fork", "loky"])
