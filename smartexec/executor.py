@@ -2202,9 +2202,11 @@ class SmartExecutor(Executor):
                         stream.send_rest()
                 # The rest of a chunk stopped at its time budget, and a dead
                 # worker's items, are sent again only as a map is read: here,
-                # while the backends still take them.
-                for stream in streams:
-                    stream.finish()
+                # while the backends still take them. Not from a call on the
+                # executor's own threads: it would wait for its own chunk.
+                if not any(getattr(b, "runs_this_thread", bool)() for b in backends):
+                    for stream in streams:
+                        stream.finish()
         except BaseException:  # Ctrl-C while waiting: stop those maps' chunks
             for stream in streams:
                 stream.abort()

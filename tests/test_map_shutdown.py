@@ -182,3 +182,20 @@ def test_a_map_read_in_another_thread_during_shutdown_loses_and_repeats_nothing(
         reader.start()
     reader.join(60)
     assert got == [x * x for x in range(20000)]
+
+
+def test_shutdown_called_by_an_item_on_the_executor_s_threads_does_not_wait_for_itself():
+    # It hung: shutdown waited for the map's chunks, this call's own among them.
+    # As a ThreadPoolExecutor's own worker calling shutdown(wait=True): the
+    # thread cannot join itself.
+    ex = SmartExecutor(2, backend="thread")
+
+    def stop_at_five(x):
+        if x == 5:
+            ex.shutdown(wait=True)
+        time.sleep(0.01)
+        return x
+
+    with pytest.raises(RuntimeError, match="cannot join current thread"):
+        list(ex.map(stop_at_five, range(40), chunksize=1))
+    ex.shutdown()
