@@ -374,18 +374,24 @@ class ChunkStream:
     # -- receiving ---------------------------------------------------------------
 
     def _wait(self, slot: _Slot) -> list[tuple[bool, Any]]:
-        while slot.calls:
-            if slot.error is not None:
-                raise slot.error
-            self._resend_partials()
-            if not slot.calls:
-                break
+        while True:
+            with self._lock:
+                if slot.error is not None:
+                    raise slot.error
+                if slot.calls:
+                    self._resend_partials()
+                if not slot.calls:
+                    return slot.outcomes
+                future = slot.future
+            # Not under the lock: a shutdown from the thread that completes
+            # this future (a done-callback) takes the lock to send the rest.
             if self._end_time is None:
-                slot.future.exception()  # wait; errors are raised by _absorb
+                future.exception()  # wait; errors are raised by _absorb
             else:
-                slot.future.exception(timeout=self._end_time - time.monotonic())
-            self._absorb(slot)
-        return slot.outcomes
+                future.exception(timeout=self._end_time - time.monotonic())
+            with self._lock:
+                if slot.future is future and slot.calls and slot.error is None:
+                    self._absorb(slot)  # else finish() took it meanwhile
 
     def chunks(self) -> Iterator[list[tuple[bool, Any]]]:
         """Yield each chunk's outcomes, in input order; cancel the rest on exit.
@@ -413,8 +419,11 @@ class ChunkStream:
                 with self._lock:
                     if not self._window:
                         break  # the input ended as the refill read it
-                    outcomes = self._wait(self._window[0])
-                    self._window.popleft()
+                    head = self._window[0]
+                outcomes = self._wait(head)
+                with self._lock:
+                    if self._window and self._window[0] is head:
+                        self._window.popleft()
                 yield outcomes
                 del outcomes
             if late_error is None:
@@ -548,17 +557,26 @@ class ChunkStream:
         (or its error, raised at its place) wait in the window for the
         reader. Waits with no timeout, as a shutdown does.
         """
-        with self._lock:
-            at = 0
-            while at < len(self._window):  # _recover inserts slots after the one it splits
-                slot = self._window[at]
-                while slot.calls and slot.error is None:
+        while True:
+            with self._lock:
+                # The first chunk with items left: each round takes outcomes,
+                # re-sends, or keeps an error. A reader may take chunks
+                # meanwhile, and _recover inserts the items of one it splits.
+                slot = next((s for s in self._window if s.calls and s.error is None), None)
+                if slot is None:
+                    return
+                future = slot.future
+            try:
+                future.exception()  # wait, not under the lock (see _wait)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    raise
+            with self._lock:
+                if slot.future is future and slot.calls and slot.error is None:
                     try:
-                        slot.future.exception()  # wait; _absorb raises its error
                         self._absorb(slot)
                     except Exception as exc:
                         slot.error = exc
-                at += 1
 
     @property
     def settled(self) -> bool:

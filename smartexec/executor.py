@@ -115,6 +115,20 @@ def _mark_interpreter_exit() -> None:
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
 
 
+def _completes_futures(backends: list[Backend]) -> bool:
+    """Whether the calling thread is one that runs chunks or completes their futures.
+
+    A ``shutdown(wait=True)`` there (from a call on the executor's own
+    threads, or from a future's done-callback, run by a dispatcher thread or
+    loky's manager thread) must not wait for chunks: their results would
+    come through this very thread, and it would wait forever.
+    """
+    thread = threading.current_thread()
+    if thread.name.startswith("smartexec-") or type(thread).__name__ == "_ExecutorManagerThread":
+        return True
+    return any(getattr(backend, "runs_this_thread", bool)() for backend in backends)
+
+
 def _earlier(fn: Callable[..., Any]) -> tuple[GilProfile | None, _profiles.StoredProfile | None]:
     """``fn``'s GIL measurement in this process, else the profile an earlier run saved.
 
@@ -2202,9 +2216,8 @@ class SmartExecutor(Executor):
                         stream.send_rest()
                 # The rest of a chunk stopped at its time budget, and a dead
                 # worker's items, are sent again only as a map is read: here,
-                # while the backends still take them. Not from a call on the
-                # executor's own threads: it would wait for its own chunk.
-                if not any(getattr(b, "runs_this_thread", bool)() for b in backends):
+                # while the backends still take them.
+                if not _completes_futures(backends):
                     for stream in streams:
                         stream.finish()
         except BaseException:  # Ctrl-C while waiting: stop those maps' chunks

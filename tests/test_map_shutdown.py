@@ -199,3 +199,25 @@ def test_shutdown_called_by_an_item_on_the_executor_s_threads_does_not_wait_for_
     with pytest.raises(RuntimeError, match="cannot join current thread"):
         list(ex.map(stop_at_five, range(40), chunksize=1))
     ex.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_shutdown_from_a_done_callback_does_not_wait_for_its_own_thread(backend):
+    # The callback runs on the thread that completes the chunks' futures (the
+    # fork dispatcher, loky's manager thread): waiting there for a map's
+    # chunks hung for good.
+    ex = SmartExecutor(2, backend=backend)
+    results = ex.map(square, range(200), chunksize=1)
+    outcome = []
+
+    def stop(_):
+        try:
+            ex.shutdown(wait=True)
+            outcome.append("returned")
+        except Exception as exc:  # reported by the assert below
+            outcome.append(exc)
+
+    ex.submit(square, 3).add_done_callback(stop)
+    assert list(results) == [x * x for x in range(200)]
+    ex.shutdown()
+    assert outcome == ["returned"]

@@ -469,6 +469,11 @@ class LokyBackend(Backend):
         for future in cancelled:
             future.cancel()
         self._feed()  # drops the cancelled ones
+        if wait and type(threading.current_thread()).__name__ == "_ExecutorManagerThread":
+            # From a done-callback, run by loky's thread: what is queued here
+            # is handed over by that thread's callbacks, and loky cannot join
+            # itself. It waits for nothing (as a fork pool's dispatcher does).
+            wait = False
         if wait:
             self._sender.wait_idle()
             with self._drained:
