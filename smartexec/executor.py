@@ -1299,14 +1299,18 @@ class SmartExecutor(Executor):
         with self._lock:
             _check_open(self)
             decision, _ = self._route(fn)
+            decision = self._with_timeout(decision, self._task_timeout)
             backend = self._backend(decision.backend)
             target = backend.prepare(runner(decision), decision.share)
             self._started.add(backend.name)
         stats = self._stats
+        task_timeout = self._task_timeout
 
         def send(calls: list[Call]) -> Future[ChunkResult]:
             try:
-                return _send(backend, target, calls, None, None, stats)
+                # task_timeout per call of the batch, as map() gives a chunk
+                timeout_s = _chunk_timeout(task_timeout, len(calls), None)
+                return _send(backend, target, calls, None, timeout_s, stats)
             except Exception as exc:
                 if not is_pickling_failure(exc):
                     raise

@@ -50,6 +50,7 @@ from ._identity import identity_key
 from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .executor import SmartExecutor
+from .inspection import callable_name
 from .policy import Decision
 
 __all__ = ["BACKEND_NAME", "SmartBackend", "register", "same_function", "alike"]
@@ -93,6 +94,11 @@ class _Batch:
 
     def __getstate__(self) -> tuple[Any, Any, int | None]:
         return self.fn, self.nested, self.nested_n_jobs
+
+    @property
+    def __name__(self) -> str:
+        """The batch's name in errors and stats: ``fn``'s (e.g. a task_timeout's)."""
+        return callable_name(self.fn)
 
     def __setstate__(self, state: tuple[Any, Any, int | None]) -> None:
         self.fn, self.nested, self.nested_n_jobs = state

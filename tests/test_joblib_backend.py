@@ -349,3 +349,16 @@ def test_parallels_timeout_raises_and_stops_the_workers():
         with parallel_config(backend="smartexec", n_jobs=2):
             Parallel(timeout=0.5)(delayed(pid_after)(30) for _ in range(4))
     assert time.monotonic() - start < 20  # the 30 s calls were stopped, not waited for
+
+
+@pytest.mark.timeout(60)
+def test_task_timeout_stops_a_call_that_runs_past_it():
+    # The option reached the executor, but batches were sent with no limit:
+    # the 30 s call ran to its end.
+    from smartexec.errors import TaskTimeoutError
+
+    start = time.monotonic()
+    with pytest.raises(TaskTimeoutError, match="pid_after ran longer than its task_timeout"):
+        with parallel_config(backend="smartexec", n_jobs=2, task_timeout=0.5):
+            Parallel()(delayed(pid_after)(s) for s in (0.01, 30))
+    assert time.monotonic() - start < 20
