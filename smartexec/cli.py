@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -92,7 +93,7 @@ def _explain(args: argparse.Namespace) -> int:
     from .executor import SmartExecutor
 
     module_name, sep, qualname = args.target.partition(":")
-    if not sep or not qualname:
+    if not sep or not qualname or not module_name or module_name.startswith("."):
         print(
             f"error: expected MODULE:NAME (e.g. hashlib:sha256), got {args.target!r}",
             file=sys.stderr,
@@ -102,8 +103,9 @@ def _explain(args: argparse.Namespace) -> int:
         target: object = importlib.import_module(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        print(f"error: cannot load {args.target}: {exc}", file=sys.stderr)
+    except Exception as exc:  # the module's own import may raise anything
+        what = "" if isinstance(exc, (ImportError, AttributeError)) else f"{type(exc).__name__}: "
+        print(f"error: cannot load {args.target}: {what}{exc}", file=sys.stderr)
         return 2
     if not callable(target):
         print(
@@ -166,6 +168,28 @@ def package_version() -> str:
         return __version__
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)  # argparse reports a ValueError as "invalid ... value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+    return value
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     # "smartexec" when run as the console script, "python -m smartexec" otherwise
@@ -178,14 +202,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo", help="run the demo workloads on a source tree (the stdlib by default)"
     )
     demo.add_argument("path", nargs="?", help="source tree to scan (default: this Python's stdlib)")
-    demo.add_argument("--workers", type=int, default=None, help="max_workers (default: CPUs)")
     demo.add_argument(
-        "--pattern", default=r"def __\w+__\(self", help="regex for the closure workload"
+        "--workers", type=_positive_int, default=None, help="max_workers (default: CPUs)"
+    )
+    demo.add_argument(
+        "--pattern",
+        type=_regex,
+        default=r"def __\w+__\(self",
+        help="regex for the closure workload",
     )
     demo.add_argument(
         "--workloads", default="all", help=f"comma-separated subset of {','.join(WORKLOADS)}"
     )
-    demo.add_argument("--limit", type=int, default=0, help="use only the first N files (0: all)")
+    demo.add_argument("--limit", type=_count, default=0, help="use only the first N files (0: all)")
     demo.set_defaults(run=_demo)
     explain = sub.add_parser("explain", help="say where a callable would run and why")
     explain.add_argument("target", help="MODULE:NAME, e.g. hashlib:sha256 or json:dumps")

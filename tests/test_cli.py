@@ -33,6 +33,40 @@ def test_explain_a_bad_target():
     assert run("explain", "json").returncode == 2
 
 
+@pytest.mark.parametrize("target", [":dumps", ".json:dumps", "json:"])
+def test_explain_a_malformed_target_says_the_form(target):
+    result = run("explain", target)
+    assert result.returncode == 2
+    assert "expected MODULE:NAME" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [("raise RuntimeError('boom at import')", "RuntimeError: boom"), ("def f(:", "SyntaxError")],
+)
+def test_explain_a_module_that_fails_to_import(tmp_path, monkeypatch, source, shown):
+    (tmp_path / "broken_module.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    result = run("explain", "broken_module:f")
+    assert result.returncode == 2
+    assert "cannot load broken_module:f" in result.stderr and shown in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (("--workers", "0"), "--workers: must be 1 or more"),
+        (("--limit", "-1"), "--limit: must be 0 (all) or more"),
+        (("--pattern", "("), "--pattern: not a regular expression"),
+    ],
+)
+def test_demo_rejects_bad_options_before_it_starts(option, said):
+    result = run("demo", *option)
+    assert result.returncode == 2
+    assert said in result.stderr and "Traceback" not in result.stderr
+
+
 def test_backends_lists_the_builtins():
     result = run("backends")
     assert result.returncode == 0
