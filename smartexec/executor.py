@@ -84,7 +84,7 @@ from .policy import (
     stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track
-from .registry import _accepted_options, create_backend, get_backend_class
+from .registry import _accepted_options, create_backend, get_backend_class, known_backends
 from .stats import ExecutorStats, StatsRecorder
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 from .tuning import chunksize as tuned_chunksize
@@ -289,29 +289,54 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def _options_without_backend(options: dict[str, Any]) -> str:
-    """The message for backend options given with no ``backend=``."""
-    own = (
-        "max_workers",
-        "backend",
-        "prefer",
-        "big_state_bytes",
-        "task_timeout",
-        "max_retries",
-        "allow_inline",
-    )
-    names = ", ".join(f"{name}=" for name in sorted(options))
-    close = [
-        f"did you mean {match[0]}= for {name}=? "
-        for name in sorted(options)
-        if (match := difflib.get_close_matches(name, own, n=1))
+    """The message for keyword arguments ``SmartExecutor()`` does not take, with no ``backend=``.
+
+    Says, for each name: the constructor option it is likely a misspelling
+    of, or that it is an argument of ``map()``; then which backends take
+    the rest (``backend="dask"`` takes ``address=``), if any do.
+    """
+    own = [
+        name
+        for name, parameter in inspect.signature(SmartExecutor.__init__).parameters.items()
+        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
     ]
-    example = sorted(options)[0]
-    return (
-        f"SmartExecutor() got unexpected keyword argument(s) {names}. "
-        + "".join(close)
-        + f"Backend options need the backend that takes them, e.g. "
-        f'SmartExecutor(backend="dask", {example}=...)'
-    )
+    of_map = ("chunksize", "timeout", "buffersize", "ordered")
+    names = ", ".join(f"{name}=" for name in sorted(options))
+    hints: list[str] = []
+    rest: list[str] = []
+    for name in sorted(options):
+        match = difflib.get_close_matches(name, own, n=1)
+        if name in of_map:
+            hint = f"{name}= is an argument of map(): ex.map(fn, items, {name}=...)"
+            if name == "timeout":
+                hint += "; task_timeout= here limits each task"
+            hints.append(hint)
+        elif match:
+            hints.append(f"did you mean {match[0]}= for {name}=?")
+        else:
+            rest.append(name)
+    takers: dict[str, list[str]] = {}
+    for backend in known_backends() if rest else ():
+        try:
+            accepted = _accepted_options(get_backend_class(backend))
+        except Exception:  # its module cannot be imported here: it takes nothing now
+            continue
+        for name in rest:
+            if accepted is not None and name in accepted:
+                takers.setdefault(name, []).append(backend)
+    for name in rest:
+        if name in takers:
+            backends = " or ".join(f'backend="{b}"' for b in takers[name])
+            hints.append(f"{name}= is an option of {backends}: pass that backend too")
+    unknown = [name for name in rest if name not in takers]
+    if unknown:
+        hints.append(
+            f"Backend options need the backend that takes them, e.g. "
+            f'SmartExecutor(backend="NAME", {unknown[0]}=...) (python -m smartexec '
+            f"backends lists the backends and whether each can be imported here)"
+        )
+    message = f"SmartExecutor() got unexpected keyword argument(s) {names}"
+    return message + (". " + "; ".join(hints) if hints else "")
 
 
 def _check_open(executor: SmartExecutor) -> None:
