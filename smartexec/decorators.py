@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
 from .executor import SmartExecutor
-from .policy import Decision
+from .policy import PREFER_VALUES, Decision
 from .progress import ProgressFactory, progress_factory
+from .registry import require_known
 from .stats import ExecutorStats
 
 __all__ = ["MappedFunction", "parallel_map"]
@@ -61,6 +62,25 @@ class MappedFunction(Protocol[T, R]):
             :meth:`SmartExecutor.decisions` of that call's executor: the
             policy's decision, then one entry saying what the map ran on.
         """
+
+
+def _check_options(max_workers: Any, chunksize: Any, backend: Any, prefer: Any) -> None:
+    """Raise for a bad option when decorating, not at the first call (as SmartExecutor would)."""
+    for name, value in (("max_workers", max_workers), ("chunksize", chunksize)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"{name} must be an int or None, got {value!r} ({type(value).__qualname__})"
+            )
+        if value < 1:
+            raise ValueError(f"{name} must be 1 or more, got {value}")
+    if prefer is not None and prefer not in PREFER_VALUES:
+        raise ValueError(f"prefer must be one of {PREFER_VALUES} or None, got {prefer!r}")
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a backend name (str) or None, got {backend!r}")
+        require_known(backend)
 
 
 @overload
@@ -131,12 +151,26 @@ def parallel_map(
     Raises:
         ImportError: ``progress=True`` and tqdm is not installed (raised when
             decorating): ``pip install 'smartexec[progress]'``.
-        TypeError: ``progress`` is neither a bool nor callable, or
-            ``ordered`` is not a bool.
+        TypeError: ``progress`` is neither a bool nor callable, ``ordered``
+            is not a bool, ``max_workers`` or ``chunksize`` is not an int,
+            or ``fn`` is not callable (``@parallel_map(4)``: the options
+            are keyword-only).
+        ValueError: ``max_workers`` or ``chunksize`` is below 1, or
+            ``prefer`` is not one of its values.
+        UnknownBackendError: no backend is registered as ``backend``.
+
+        All raised when decorating, not at the first call.
     """
+    if fn is not None and not callable(fn):
+        raise TypeError(
+            f"parallel_map() takes the function to decorate as its only positional "
+            f"argument, got {fn!r} ({type(fn).__qualname__}); its options are "
+            f"keyword-only, e.g. @parallel_map(max_workers=4)"
+        )
     factory = progress_factory(progress)
     if not isinstance(ordered, bool):
         raise TypeError(f"ordered must be True or False, got {ordered!r}")
+    _check_options(max_workers, chunksize, backend, prefer)
 
     def decorate(func: Callable[[Any], Any]) -> MappedFunction[Any, Any]:
         lock = threading.Lock()

@@ -130,6 +130,28 @@ def _import(path: str) -> Any:
     return getattr(module, attr)
 
 
+def require_known(name: str) -> None:
+    """Check that a backend is registered under ``name``, importing nothing.
+
+    Raises:
+        UnknownBackendError: no backend has that name (a ``ValueError``); the
+            message lists the known names and the closest one.
+    """
+    if name not in _BUILTIN:  # built-in names come first: no need to scan plugins
+        _read_entry_points()
+    with _lock:
+        if name in _known:
+            return
+        known = tuple(sorted(_known))
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownBackendError(
+        f"unknown backend {name!r}: known backends are {', '.join(known)}{hint}",
+        name=name,
+        known=known,
+    )
+
+
 def get_backend_class(name: str) -> Callable[..., Backend]:
     """Return the backend factory registered under ``name``, importing it now.
 
@@ -138,20 +160,10 @@ def get_backend_class(name: str) -> Callable[..., Backend]:
         BackendUnavailableError: its module cannot be imported (an
             ``ImportError``, chained from the original, carrying the hint).
     """
-    if name not in _BUILTIN:  # built-in names come first: no need to scan plugins
-        _read_entry_points()
+    require_known(name)
     with _lock:
         if name in _loaded:
             return _loaded[name]
-        if name not in _known:
-            known = tuple(sorted(_known))
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UnknownBackendError(
-                f"unknown backend {name!r}: known backends are {', '.join(known)}{hint}",
-                name=name,
-                known=known,
-            )
         factory, hint, source = _known[name]
     if isinstance(factory, str):
         try:

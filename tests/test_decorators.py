@@ -77,3 +77,24 @@ def test_a_failed_call_still_reports():
     assert checked.stats() is not before
     assert checked.decisions()
     assert sum(s.items for s in checked.stats().backends.values()) >= 1
+
+
+def test_a_positional_option_is_refused_when_decorating():
+    # parallel_map(4) wrapped the int 4, and the first call failed deep in map
+    # with "'function' object is not iterable".
+    with pytest.raises(TypeError, match=r"keyword-only, e\.g\. @parallel_map\(max_workers=4\)"):
+        parallel_map(4)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "said"),
+    [
+        ({"max_workers": 0}, ValueError, "max_workers must be 1 or more"),
+        ({"chunksize": "100"}, TypeError, "chunksize must be an int"),
+        ({"prefer": "gpu"}, ValueError, "prefer must be one of"),
+        ({"backend": "forkk"}, ValueError, "did you mean 'fork'"),
+    ],
+)
+def test_bad_options_are_refused_when_decorating(options, error, said):
+    with pytest.raises(error, match=said):
+        parallel_map(**options)
