@@ -616,10 +616,18 @@ def reroute(
         )
         return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
     gain = here / max(predicted[best], 1e-9)
-    if gain < SWITCH_GAIN or here - predicted[best] < SWITCH_MIN_S:
+    saved = here - predicted[best]
+    if gain < SWITCH_GAIN:
         return Reroute(
             None,
             predicted,
             f"{what} -> stays on {current} ({best} would gain only {gain:.2f}x)",
+        )
+    if saved < SWITCH_MIN_S:
+        return Reroute(
+            None,
+            predicted,
+            f"{what} -> stays on {current} ({best} would save only {saved * 1e3:.1f} ms; "
+            f"a move must save {SWITCH_MIN_S * 1e3:.0f} ms)",
         )
     return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")

@@ -204,6 +204,8 @@ def test_a_switch_must_save_some_milliseconds():
         cpus=2,
     )
     assert stay.target is None
+    # the gain is large; the saving is what is too small, and the line says so
+    assert "thread would save only" in stay.reason and "must save 5 ms" in stay.reason
 
 
 def test_start_up_counts_against_a_move_to_processes():
