@@ -424,6 +424,7 @@ class ChunkStream:
                 with self._lock:
                     if self._window and self._window[0] is head:
                         self._window.popleft()
+                del head  # holds the outcomes: none may outlive its reading
                 yield outcomes
                 del outcomes
             if late_error is None:
