@@ -601,7 +601,7 @@ def reroute(
     else:
         predicted_known = predicted
     best = min(predicted_known, key=lambda route: (predicted_known[route], route != current))
-    what = f"{evidence.describe()}; predicted for the {left} items left: {figures}"
+    what = f"{evidence.describe()}; predicted for the {left} items not sent yet: {figures}"
     if best == current:
         tied = any(
             route != current and seconds <= here * 1.001

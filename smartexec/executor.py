@@ -1036,11 +1036,14 @@ class SmartExecutor(Executor):
         if started_by is not None:
             notes.insert(0, started_by)
         if estimate.per_item_s is not None:
-            notes.append(f"measured so far: {estimate}")
-        if estimate.last_map is not None:
-            notes.append(
-                f"its last map ran on {estimate.last_map.backend}: {estimate.last_map.reasons[0]}"
-            )
+            # Every item measured, all maps' (a map's line gives its first chunks' mean)
+            notes.append(f"per item, over every item measured: {estimate}")
+        last = estimate.last_map
+        if last is not None:
+            if f"its last map: {last.reasons[0]}" in decision.reasons:
+                notes.append(f"its last map ran on {last.backend}")  # its figures are above
+            else:
+                notes.append(f"its last map ran on {last.backend}: {last.reasons[0]}")
         if notes:
             decision = dataclasses.replace(decision, reasons=(*decision.reasons, *notes))
         if args or kwargs:
@@ -1702,7 +1705,7 @@ class SmartExecutor(Executor):
         # ... and the seconds they were runnable (on a CPU or queued for one):
         # a busy machine does not hide threads that release the GIL.
         threads_wanted = getattr(backend, "threads_wanted_s", None)
-        # (wall, the pool threads' CPU, their runnable seconds) at the first result
+        # (time, the pool threads' CPU, time, their runnable seconds) at the first result
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
         evidence.on_threads = backend.shares_memory and threads_cpu is not None
@@ -1734,18 +1737,24 @@ class SmartExecutor(Executor):
             if evidence.on_threads and due:
                 read_at[0] = now
                 assert threads_cpu is not None
-                cpu = threads_cpu()
-                wanted = threads_wanted() if threads_wanted is not None else None
+                cpu = threads_cpu()  # the CPU clocks: read with the GIL held throughout
                 now = time.perf_counter()
+                # The runnable seconds come from /proc reads that let go of the
+                # GIL: getting it back waits behind threads that hold it (5 ms
+                # a switch), so they get a clock of their own. Timed after
+                # them, the CPU seconds of 6 GIL-holding threads read 1.4
+                # cores (it moved such a map to threads' verdict "releases").
+                wanted = threads_wanted() if threads_wanted is not None else None
+                wanted_now = time.perf_counter()
                 if cpu is None:
                     pass  # no pool threads alive just now: read it at the next result
                 elif not started_at:
-                    started_at[:] = (now, cpu, wanted)
-                elif now - started_at[0] >= THREADS_MIN_WALL_S:
-                    wall = now - started_at[0]
-                    evidence.process_cores = (cpu - started_at[1]) / wall
-                    if wanted is not None and started_at[2] is not None:
-                        evidence.wanted_cores = (wanted - started_at[2]) / wall
+                    started_at[:] = (now, cpu, wanted_now, wanted)
+                elif min(now - started_at[0], wanted_now - started_at[2]) >= THREADS_MIN_WALL_S:
+                    evidence.process_cores = (cpu - started_at[1]) / (now - started_at[0])
+                    if wanted is not None and started_at[3] is not None:
+                        wall = wanted_now - started_at[2]
+                        evidence.wanted_cores = (wanted - started_at[3]) / wall
             if evidence.ready():
                 settled = self._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize

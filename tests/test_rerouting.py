@@ -97,7 +97,7 @@ def test_waiting_work_moves_from_processes_to_threads():
         cpus=2,
     )
     assert move.target == "thread"
-    assert "moves to thread" in move.reason and "90 items left" in move.reason
+    assert "moves to thread" in move.reason and "90 items not sent yet" in move.reason
 
 
 def test_gil_holding_work_stays_on_processes():
