@@ -159,7 +159,7 @@ def parallel_map(
             ``prefer`` is not one of its values.
         UnknownBackendError: no backend is registered as ``backend``.
 
-        All raised when decorating, not at the first call.
+    Every error above is raised when decorating, not at the first call.
     """
     if fn is not None and not callable(fn):
         raise TypeError(

@@ -205,7 +205,7 @@ def test_bad_options_name_the_problem(address):
         TypeError, match=r"'thread' got unexpected option\(s\) address=.*no options"
     ):
         SmartExecutor(backend="thread", address=address)
-    with pytest.raises(TypeError, match='backend="dask", address='):
+    with pytest.raises(TypeError, match='address= is an option of backend="dask"'):
         SmartExecutor(address=address)
     with pytest.raises(TypeError, match="did you mean address="):
         SmartExecutor(backend="dask", adress=address)
