@@ -119,6 +119,66 @@ def test_stop_is_idempotent_and_joins_the_thread():
     assert not [t for t in threading.enumerate() if t.name == "smartexec-gil"]
 
 
+def test_stop_wakes_the_sampler_at_once():
+    sampler = GilSampler(period_s=10.0)  # asleep for 10 s unless woken
+    sampler.start(settle=True)
+    started = time.perf_counter()
+    sampler.stop()
+    assert time.perf_counter() - started < 5.0  # woken, not slept out
+    assert not [t for t in threading.enumerate() if t.name == "smartexec-gil"]
+
+
+def _nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def _worker_watch_key(fn):
+    from smartexec import _remote
+
+    key = _remote._watch_key(fn)
+    _remote._watched.pop(key, None)  # as in a fresh worker
+    return key
+
+
+def test_a_chunk_of_several_short_items_runs_unwatched():
+    from smartexec import _remote
+
+    key = _worker_watch_key(abs)
+    result = _remote.run_chunk(abs, [((-i,), {}) for i in range(50)], remote=True)
+    assert result.gil is None  # 50 calls of abs() end long before WATCH_AFTER_S
+    assert [value for _, value in result.outcomes] == list(range(50))
+    assert _remote._watched.get(key, 0.0) == 0.0  # the budget is not spent on it
+
+
+def test_a_long_chunk_is_watched_after_its_first_items():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    calls = [((0.002,), {})] * 8
+    result = _remote.run_chunk(_nap, calls, remote=True)
+    assert result.gil is not None and result.gil.kind == "waits"
+    # The first item runs past WATCH_AFTER_S unwatched; the watch has the rest.
+    assert 1 <= result.gil.items < len(calls)
+    assert len(result.outcomes) == len(calls)
+
+
+def test_a_one_item_chunk_is_watched_whole():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    result = _remote.run_chunk(_nap, [((0.0,), {})], remote=True)
+    assert result.gil is not None and result.gil.items == 1
+
+
+def test_a_chunk_stopped_at_its_budget_before_the_watch_keeps_its_outcomes():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    result = _remote.run_chunk(_nap, [((0.002,), {})] * 50, remote=True, budget_s=0.0)
+    assert len(result.outcomes) == 1 and result.gil is None
+
+
 class Model:
     def predict(self, x):
         return x
