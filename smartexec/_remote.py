@@ -211,10 +211,18 @@ WATCH_S = 0.03
 #: a call on threads instead of ~5).
 WATCH_MIN_CHARGE_S = WATCH_S / 4
 
-#: Seconds a chunk of several items runs before its GIL watch starts (see
-#: :func:`run_chunk`): several sampling periods, and far above the watch's
-#: own cost.
+#: Seconds a chunk of several items runs before its GIL watch may start (see
+#: :func:`run_chunk`).
 WATCH_AFTER_S = 0.001
+
+#: Seconds of work a chunk's remaining items must promise (at its pace so
+#: far) for a watch to start part-way: what the parent counts as a watch
+#: (:data:`smartexec._rerouting.MIN_WATCH_S`), several sampling periods.
+MIN_WATCHED_S = 0.002
+
+#: Most items a chunk runs between two reads of the clock while its watch
+#: may still start.
+MAX_UNCHECKED_ITEMS = 256
 
 _watched: dict[tuple[str, str], float] = {}
 _watched_lock = threading.Lock()
@@ -286,9 +294,12 @@ def run_chunk(
         :data:`WATCH_S` seconds of watched work in this process (each
         watched chunk counting at least :data:`WATCH_MIN_CHARGE_S`), a GIL
         measurement (:class:`~smartexec.gil.GilSampler`: a thread that wakes
-        every 0.5 ms): of the whole chunk when it holds one item, else of
-        the items left once the chunk has run :data:`WATCH_AFTER_S` (none
-        when it ends sooner). Exceptions (``BaseException``
+        every 0.5 ms): of the whole chunk when it holds one item; else of
+        the items left at the first check (after 1, 2, 4, ... items, at most
+        :data:`MAX_UNCHECKED_ITEMS` apart) past :data:`WATCH_AFTER_S`, when
+        at the pace so far they run :data:`MIN_WATCHED_S` more; none when
+        the chunk ends sooner. Starting that watch counts neither in the
+        chunk's seconds nor against ``budget_s``. Exceptions (``BaseException``
         included, as in ``concurrent.futures``) are caught and stored,
         never raised.
     """
@@ -296,47 +307,67 @@ def run_chunk(
     packed = isinstance(chunk, PackedCalls)
     mode = 2 if packed and chunk.single else 1 if packed else 0  # type: ignore[union-attr]
     entries: Sequence[Any] = chunk.items if packed else chunk  # type: ignore[union-attr]
+    if not isinstance(entries, Sequence):
+        entries = list(entries)  # an iterator: its length is needed
     key = _watch_due(fn) if watch else None
     sampler: GilSampler | None = None
     watched_from = 0
     if key is not None and len(entries) <= 1:
-        sampler = GilSampler()  # one item: watched whole (a submit, a measuring chunk)
-        sampler.start(settle=True)
+        sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     cpu_start = time.thread_time()
     start = time.perf_counter()
     deadline = math.inf if budget_s is None else start + budget_s
+    paused = 0.0  # seconds spent starting a watch mid-chunk: not the items'
+    paused_cpu = 0.0
     items = iter(entries)
     try:
         if key is not None and sampler is None:
-            # Several items: the watch starts once they have run WATCH_AFTER_S,
-            # for the items left. A chunk over sooner is not watched: the
-            # sampler's start and stop (0.3-4 ms, most when the pool's
-            # processes start together) cost more than the chunk's work, and
-            # under a sampling period its figures say nothing of the GIL.
+            # Several items: the watch starts at the first check (after 1, 2,
+            # 4, ... items) past WATCH_AFTER_S, for the items left, if at the
+            # pace so far they run MIN_WATCHED_S more. A chunk over sooner is
+            # not watched: the sampler's start and stop (0.3-4 ms, most when
+            # the pool's processes start together) would cost more than its
+            # work, and under a sampling period its figures say nothing.
             batch = 1
             while True:
                 if _run_items(fn, itertools.islice(items, batch), mode, remote, outcomes, deadline):
                     break
-                if len(outcomes) >= len(entries):
+                done = len(outcomes)
+                if done >= len(entries):
                     break
-                if time.perf_counter() - start >= WATCH_AFTER_S:
-                    watched_from = len(outcomes)
-                    sampler = GilSampler()
-                    sampler.start(settle=True)
+                elapsed = time.perf_counter() - start
+                if elapsed >= WATCH_AFTER_S:
+                    if elapsed / done * (len(entries) - done) >= MIN_WATCHED_S:
+                        before, before_cpu = time.perf_counter(), time.thread_time()
+                        sampler = _started_sampler()
+                        paused = time.perf_counter() - before
+                        paused_cpu = time.thread_time() - before_cpu
+                        deadline += paused
+                        watched_from = done
                     _run_items(fn, items, mode, remote, outcomes, deadline)
                     break
-                batch *= 2  # the clock is read log2(items) times, not per item
+                batch = min(2 * batch, MAX_UNCHECKED_ITEMS)
         else:
             _run_items(fn, items, mode, remote, outcomes, deadline)
     finally:
-        wall = time.perf_counter() - start
-        cpu = time.thread_time() - cpu_start
+        wall = time.perf_counter() - start - paused
+        cpu = time.thread_time() - cpu_start - paused_cpu
         gil = None
         if sampler is not None and key is not None:
             sampler.items = len(outcomes) - watched_from
             gil = sampler.stop()
             _watched_for(key, max(sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
     return ChunkResult(outcomes, wall, cpu, gil)
+
+
+def _started_sampler() -> GilSampler | None:
+    """A started :class:`~smartexec.gil.GilSampler`, or None when its thread cannot start."""
+    sampler = GilSampler()
+    try:
+        sampler.start(settle=True)
+    except Exception:  # e.g. RuntimeError: can't start new thread (a process at its limit)
+        return None
+    return sampler
 
 
 def _run_items(

@@ -179,6 +179,55 @@ def test_a_chunk_stopped_at_its_budget_before_the_watch_keeps_its_outcomes():
     assert len(result.outcomes) == 1 and result.gil is None
 
 
+def test_a_chunk_given_as_an_iterator_runs_while_a_watch_is_due():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    result = _remote.run_chunk(_nap, (((0.0,), {}) for _ in range(3)), remote=True)
+    assert [value for _, value in result.outcomes] == [0.0] * 3
+
+
+def test_a_watch_is_not_started_for_a_short_rest():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    # After 1.5 ms one item is left: at that pace, under MIN_WATCHED_S.
+    result = _remote.run_chunk(_nap, [((0.0015,), {}), ((0.0,), {})], remote=True)
+    assert result.gil is None and len(result.outcomes) == 2
+
+
+def test_starting_a_watch_part_way_is_not_the_items_time(monkeypatch):
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    real = _remote._started_sampler
+
+    def slow_start():
+        time.sleep(0.3)  # a sampler thread that waits long for a CPU
+        return real()
+
+    monkeypatch.setattr(_remote, "_started_sampler", slow_start)
+    result = _remote.run_chunk(_nap, [((0.002,), {})] * 5, remote=True, budget_s=0.1)
+    assert result.gil is not None
+    assert len(result.outcomes) == 5  # the start did not use up the budget
+    assert result.compute_s < 0.25  # ~10 ms of items; the 0.3 s start is not in it
+
+
+def test_a_sampler_that_cannot_start_leaves_the_chunk_unwatched(monkeypatch):
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+
+    def refuse(self, settle=False):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(gil.GilSampler, "start", refuse)
+    for calls in ([((0.0,), {})], [((0.002,), {})] * 3):
+        result = _remote.run_chunk(_nap, calls, remote=True)
+        assert result.gil is None and len(result.outcomes) == len(calls)
+        assert all(ok for ok, _ in result.outcomes)
+
+
 class Model:
     def predict(self, x):
         return x
