@@ -141,7 +141,7 @@ def pickling_error(
     if found is None:
         for args, kwargs in chunk:
             for i, arg in enumerate(args):
-                found = locate_unpicklable(arg, f"argument {i} of the call to {name}")
+                found = locate_unpicklable(arg, f"argument {i + 1} of the call to {name}")
                 if found is not None:
                     break
             else:

@@ -43,7 +43,7 @@ class PayloadPicklingError(pickle.PicklingError):
     Attributes:
         obj: the object that could not be pickled (the callable, an argument,
             or the part of either that failed).
-        where: where that object sits, e.g. ``"argument 0"`` or
+        where: where that object sits, e.g. ``"argument 1"`` or
             ``"cell 'conn' of score()"``.
         reason: the concrete cause, as the pickler reported it.
     """

@@ -420,7 +420,7 @@ def _parts(obj: Any) -> Iterable[tuple[str, Any]]:
     if isinstance(obj, functools.partial):
         yield "the partial's function", obj.func
         for i, arg in enumerate(obj.args):
-            yield f"partial argument {i}", arg
+            yield f"partial argument {i + 1}", arg
         for key, arg in obj.keywords.items():
             yield f"partial keyword {key!r}", arg
     elif isinstance(obj, types.MethodType):
@@ -456,7 +456,7 @@ def locate_unpicklable(obj: Any, where: str, *, depth: int = 4) -> tuple[str, An
 
     Args:
         obj: the object that failed to pickle.
-        where: how to name ``obj`` in the result, e.g. ``"argument 0"``.
+        where: how to name ``obj`` in the result, e.g. ``"argument 1"``.
         depth: how many levels to descend.
 
     Returns:

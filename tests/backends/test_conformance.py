@@ -169,7 +169,7 @@ class BackendConformance:
         with pytest.raises(PayloadPicklingError) as info:
             ex.submit(add, lock).result(timeout=30)
         message = str(info.value)
-        assert "argument 0" in message and "lock" in message
+        assert "argument 1 " in message and "lock" in message
         assert "add()" in message
         assert info.value.obj is lock
 

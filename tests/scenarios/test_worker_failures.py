@@ -114,6 +114,6 @@ def test_a_tasks_own_base_exception_is_re_raised_as_itself(ex, fn, expected):
 
 def test_an_argument_that_cannot_be_pickled_fails_the_future_not_submit(ex):
     future = ex.submit(w.identity, w.FailsToPickle())  # no raise here
-    with pytest.raises(pickle.PicklingError, match="argument 0"):
+    with pytest.raises(pickle.PicklingError, match="argument 1 "):
         future.result(timeout=60)
     _still_usable(ex)
