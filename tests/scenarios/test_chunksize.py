@@ -82,7 +82,10 @@ def test_the_first_chunks_are_sized_from_the_whole_input(chunk_sizes):
     with SmartExecutor(2, backend="fork") as ex:
         assert list(ex.map(noop, range(32))) == list(range(32))
     assert chunk_sizes[:6] == [4] * 6, chunk_sizes  # 32 / (2 workers x 4), as Pool.map
-    assert len(chunk_sizes) <= 8, chunk_sizes
+    # The last 8 items go in chunks sized from the measured time per item: a
+    # fresh worker's cold first call (page faults after the fork, ~0.3 ms under
+    # load) can read as 75 us an item and split them in 2-item chunks.
+    assert sum(chunk_sizes) >= 32 and len(chunk_sizes) <= 6 + 4, chunk_sizes
 
 
 def test_the_first_window_of_a_huge_input_is_bounded(chunk_sizes):
