@@ -32,6 +32,7 @@ fresh lock).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -48,7 +49,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,9 @@ LOGGER = logging.getLogger(__name__)
 
 #: The version of the files' layout; a file of another version is ignored.
 FORMAT_VERSION = 1
+
+#: This process's token in the profiles it saves (:attr:`StoredProfile.run`).
+_RUN_ID = os.urandom(8).hex()
 
 #: A profile saved longer ago than this (seconds: 30 days) is ignored.
 MAX_AGE_S = 30 * 24 * 3600.0
@@ -113,6 +117,12 @@ class StoredProfile:
             unpickling results; 0 on threads.
         items: the number of items the figures rest on.
         saved_at: when it was saved (``time.time()``, seconds since the epoch).
+        source: what measured them: ``"map"`` (a map's chunks) or
+            ``"submits"`` (completed submits, see
+            :mod:`smartexec._submit_learning`).
+        run: which process saved it (set by :func:`save`: a token drawn once
+            per process; "" when unknown): another executor of this
+            process, or an earlier run.
     """
 
     backend: str
@@ -121,6 +131,20 @@ class StoredProfile:
     send_s: float
     items: int
     saved_at: float
+    source: str = "map"
+    run: str = field(default="", compare=False)
+
+    @property
+    def from_this_process(self) -> bool:
+        """Whether this process saved it (another executor measured it), not an earlier run."""
+        return self.run == _RUN_ID
+
+    def last_work(self) -> str:
+        """What measured it, for a sentence: "the earlier run's last map", ..."""
+        what = "last map" if self.source == "map" else "submits"
+        if self.from_this_process:
+            return f"its {what} in another executor of this process"
+        return f"the earlier run's {what}"
 
 
 # -- the key ---------------------------------------------------------------------
@@ -399,6 +423,8 @@ def _parse(text: str, key: str) -> StoredProfile | None:
             send_s=_number(data["send_s"]),
             items=_count(data["items"], 1),
             saved_at=_number(data["saved_at"]),
+            source="submits" if data.get("source") == "submits" else "map",
+            run=str(data.get("run", "")),
         )
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
@@ -462,6 +488,8 @@ def _encode(key: str, profile: StoredProfile) -> str:
         "send_s": profile.send_s,
         "items": profile.items,
         "saved_at": profile.saved_at,
+        "source": profile.source,
+        "run": profile.run,
     }
     return json.dumps(data, allow_nan=False, sort_keys=True)
 
@@ -517,6 +545,7 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
     key = profile_key(fn)
     if key is None:
         return
+    profile = dataclasses.replace(profile, run=_RUN_ID)
     try:
         text = _encode(key, profile)
     except (ValueError, TypeError) as exc:
@@ -598,9 +627,14 @@ def earlier_run_reason(profile: StoredProfile) -> str:
     """One sentence for a decision that starts from ``profile``."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(profile.saved_at))
     gil = "" if profile.gil is None else f", GIL use: {profile.gil.kind}"
-    send = f", {format_seconds(profile.send_s)} per item to send" if profile.send_s > 0 else ""
+    unit = "item" if profile.source == "map" else "call"
+    send = f", {format_seconds(profile.send_s)} per {unit} to send" if profile.send_s > 0 else ""
+    where = "earlier in this process" if profile.from_this_process else "in an earlier run"
+    if profile.source == "submits":
+        head = f"measured by {profile.items} completed submits {where} ({when})"
+    else:
+        head = f"measured {where} ({when}, {profile.items} items)"
     return (
-        f"measured in an earlier run ({when}, {profile.items} items): "
-        f"{format_seconds(profile.per_item_s)} per item on {profile.backend}{send}{gil}; "
-        f"re-checked by this map's first chunks"
+        f"{head}: {format_seconds(profile.per_item_s)} per {unit} on {profile.backend}"
+        f"{send}{gil}; re-checked by this map's first chunks"
     )

@@ -75,6 +75,7 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
     BIG_STATE_BYTES,
+    GIL_UNKNOWN,
     INITIALIZER_BY_VALUE,
     PREFER_VALUES,
     Decision,
@@ -430,10 +431,63 @@ class _CallFuture(ChainedFuture):
         self._resend = resend
         self._retries = retries
         self._learn = learn
+        # move() and cancel() one at a time: a cancel never answers True for
+        # a call that a move sends on (reentrant: a done-callback may cancel).
+        self._move_lock = threading.RLock()
+        self._moving: Callable[[], Future[ChunkResult]] | None = None
         if inner is not None:
             inner.add_done_callback(self._transfer)
 
+    def cancel(self) -> bool:
+        with self._move_lock:
+            return super().cancel()
+
+    def move(self, send: Callable[[Call], Future[ChunkResult]], backend: str) -> bool:
+        """Send the call with ``send`` instead, if no worker has taken it yet.
+
+        The chunk queued on the first backend is cancelled there (it never
+        runs) and ``send(call)`` makes the one this future follows from now
+        on; should that raise, the call goes back to the first backend. For
+        submits that a verdict moves to threads while queued on processes
+        (:meth:`SmartExecutor._move_learning_calls`).
+
+        Returns:
+            True when the call moved; False when it had started (or ended),
+            or was never sent.
+        """
+        with self._move_lock:
+            inner, origin = self._inner, self._origin
+            if inner is None or origin is None or inner.running() or inner.done():
+                return False
+            call = origin[1]
+            self._moving = functools.partial(send, call)
+            self._origin = (origin[0], call, backend)
+            if inner.cancel():  # _transfer, called back here, sends it
+                return True
+            self._moving, self._origin = None, origin
+            return False
+
     def _transfer(self, inner: Future[ChunkResult]) -> None:
+        moving, self._moving = self._moving, None
+        if moving is not None and inner.cancelled():
+            self._learn = None  # the figures are the first backend's to learn
+            error: BaseException | None = None
+            for send in (moving, self._resend):
+                if send is None:
+                    continue
+                try:
+                    moved = send()
+                except BaseException as exc:
+                    error = error or exc
+                    continue
+                self._inner, self._resend = moved, send
+                moved.add_done_callback(self._transfer)
+                return
+            assert error is not None
+            self._origin = self._inner = self._resend = None
+            Future.set_running_or_notify_cancel(self)
+            self.set_exception(error)
+            return
         if (
             self._retries > 0
             and self._resend is not None
@@ -710,6 +764,13 @@ class SmartExecutor(Executor):
             and self._max_tasks_per_child is None
         )
         self._learned_decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
+        # Submits sent to processes while their callable's figures are being
+        # learned: identity key -> (the process decision, their futures). A
+        # verdict moves those no worker has taken yet to threads (a burst of
+        # run_in_executor calls all queue before the first completes).
+        self._learning_calls: dict[Any, tuple[Decision, collections.deque[_CallFuture]]] = {}
+        self._moves_lock = threading.RLock()
+        self._moves_closed = False
         # Submits moved to threads by their figures, taken without the lock:
         # identity key -> (handle, verdict, backend.submit_call, stats recorder).
         self._fast_submits: dict[
@@ -936,12 +997,14 @@ class SmartExecutor(Executor):
                 or (stored.gil is not None and stored.gil.kind == "holds")
                 else "no route was predicted faster there"
             )
+            # Its figures answered the policy's guess that it may hold the GIL.
+            kept = [r for r in decision.reasons if not r.startswith(GIL_UNKNOWN)]
             return dataclasses.replace(
                 decision,
                 backend="thread",
                 reasons=(
-                    *decision.reasons,
-                    f"the earlier run's last map ended on {stored.backend} ({why}): this "
+                    *kept,
+                    f"{stored.last_work()} ended on {stored.backend} ({why}): this "
                     f"one starts on threads",
                 ),
             )
@@ -962,7 +1025,7 @@ class SmartExecutor(Executor):
                     gil=decision.gil,
                     reasons=(
                         decision.reasons[0],
-                        f"the earlier run's last map ended on {stored.backend} on its "
+                        f"{stored.last_work()} ended on {stored.backend} on its "
                         f"measured times (its GIL figures alone would send it to threads): "
                         f"this one starts on {target.backend}",
                         *kept,
@@ -1120,24 +1183,36 @@ class SmartExecutor(Executor):
         if learned is None:
             return decision, True
         key = identity_key(fn)
-        cached = self._learned_decisions.get(key)
-        if cached is not None and cached[0] is learned and cached[1] is decision:
-            return cached[2], False
-        moved = dataclasses.replace(
-            decision,
-            backend="thread",
-            share=False,
-            measure=False,
-            reasons=(learned.reason(), *decision.reasons),
-        )
-        self._learned_decisions[key] = (learned, decision, moved)
-        self._log.append(moved)
+        with self._moves_lock:  # a completed submit's thread may make it too
+            cached = self._learned_decisions.get(key)
+            if cached is not None and cached[0] is learned and cached[1] is decision:
+                return cached[2], False
+            # The policy's guess that it may hold the GIL is what the figures
+            # answered: it goes, the rest of the policy's reasons stay.
+            policy_reasons = tuple(
+                reason for reason in decision.reasons if not reason.startswith(GIL_UNKNOWN)
+            )
+            moved = dataclasses.replace(
+                decision,
+                backend="thread",
+                share=False,
+                measure=False,
+                reasons=(learned.reason(), *policy_reasons),
+            )
+            self._learned_decisions[key] = (learned, decision, moved)
+            self._log.append(moved)
         # A script's next run starts its submits (and maps) on threads, as a
         # map's stored profile does; a map re-checks it on its first chunks.
         _profiles.save(
             fn,
             _profiles.StoredProfile(
-                "thread", learned.compute_s, None, learned.send_s, learned.calls, time.time()
+                "thread",
+                learned.compute_s,
+                None,
+                learned.send_s,
+                learned.calls,
+                time.time(),
+                source="submits",
             ),
         )
         return moved, False
@@ -1145,8 +1220,65 @@ class SmartExecutor(Executor):
     def _learn_from(
         self, fn: Callable[..., Any], result: ChunkResult, send_s: float, backend: str
     ) -> None:
-        """Record a completed submit's figures (the next submit applies a verdict, and logs it)."""
+        """Record a completed submit's figures; on a verdict, move the calls still queued.
+
+        Runs where the call's future completed (a fork pool's dispatcher
+        thread): takes no lock of the executor's but ``_moves_lock``.
+        """
         self._learner.record(fn, result, send_s, backend)
+        if self._learner.verdict(fn) is not None:
+            self._move_learning_calls(fn)
+
+    def _note_learning_call(
+        self, fn: Callable[..., Any], decision: Decision, future: _CallFuture
+    ) -> None:
+        """Keep a learning submit's future: a verdict may move it to threads while it queues."""
+        key = identity_key(fn)
+        with self._moves_lock:
+            if self._moves_closed:
+                return
+            entry = self._learning_calls.get(key)
+            calls = entry[1] if entry is not None else collections.deque()
+            while calls and calls[0].done():
+                calls.popleft()  # in order, mostly: what is left waits in a queue
+            calls.append(future)
+            self._learning_calls[key] = (decision, calls)
+
+    def _move_learning_calls(self, fn: Callable[..., Any]) -> int:
+        """Send ``fn``'s submits that no worker has taken yet to threads, as its verdict says.
+
+        A burst of submits (``asyncio.gather`` of ``run_in_executor`` calls)
+        all queue on the process route before its first call completes; the
+        verdict given by the first completed ones moves the rest, which
+        would otherwise wait their turn on a few processes (40 sleeps of
+        50 ms: 1.04 s on 2 fork workers, 0.35 s on threads). Nothing moves
+        once shutdown has begun. Returns how many calls moved.
+        """
+        with self._moves_lock:
+            if self._moves_closed:
+                return 0
+            entry = self._learning_calls.pop(identity_key(fn), None)
+            thread = self._backends.get("thread")
+            if entry is None or thread is None:
+                return 0
+            decision, calls = entry
+            moved_decision, _ = self._submit_decision(fn, decision)
+            if moved_decision.backend != "thread":
+                return 0
+            target = thread.prepare_call(fn, False)
+            stats = self._stats
+
+            def send(call: Call) -> Future[ChunkResult]:
+                return _send(thread, target, [call], None, None, stats)
+
+            moved = 0
+            for future in calls:
+                origin = future._origin
+                if origin is not None and origin[0] is fn and future.move(send, thread.name):
+                    moved += 1
+            if moved:
+                self._started.add(thread.name)
+            return moved
 
     def _remember_fast_submit(
         self, fn: Callable[..., Any], run_call: Callable[..., Any], record: Any, learned: bool
@@ -1246,7 +1378,11 @@ class SmartExecutor(Executor):
                 failed.set_exception(error)
                 return failed
             self._started.add(backend.name)
-        return _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
+            outer = _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
+            if learning:
+                self._backend("thread")  # made here, under the lock, for a verdict's move
+                self._note_learning_call(fn, decision, outer)
+        return outer
 
     submit.__doc__ = (
         (Executor.submit.__doc__ or "")
@@ -2242,6 +2378,9 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
+            with self._moves_lock:  # after a move under way: its calls are on threads
+                self._moves_closed = True
+                self._learning_calls.clear()
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()

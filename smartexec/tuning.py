@@ -160,7 +160,7 @@ class Estimate:
             return "not measured yet"
         seconds = self.per_item_s
         figure = f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
-        source = " (from an earlier run)" if self.earlier_run else ""
+        source = " (from a stored profile)" if self.earlier_run else ""
         return f"{figure} per item over {self.items} items{source}"
 
 

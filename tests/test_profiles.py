@@ -56,6 +56,7 @@ def stored(gil=RELEASES, backend="thread", per_item_s=0.002, saved_at=None, item
 
 def new_process_view():
     """Forget what this process read from the store, as a new process would have."""
+    profiles._RUN_ID = os.urandom(8).hex()  # what it saved is an earlier run's
     with profiles._lock:
         profiles._view.clear()
         profiles._unwritable.clear()

@@ -29,6 +29,7 @@ from smartexec._submit_learning import (
     judge,
 )
 from smartexec.gil import GilProfile
+from smartexec.policy import GIL_UNKNOWN
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,6 +37,13 @@ pytestmark = pytest.mark.timeout(90)
 def waits(x: int) -> int:
     time.sleep(0.005)
     return os.getpid()
+
+
+def _waits_and_marks(folder: str, x: int) -> int:
+    time.sleep(0.005)
+    with open(os.path.join(folder, str(x)), "x"):  # "x": a second run of x fails
+        pass
+    return x
 
 
 def computes(x: int) -> int:
@@ -196,6 +204,71 @@ def test_run_in_executor_of_blocking_io_ends_on_threads():
         assert ex.explain(waits).backend == "thread"
 
 
+def test_a_burst_of_waiting_submits_moves_its_queued_calls_to_threads():
+    async def main(ex: SmartExecutor) -> list[int]:
+        loop = asyncio.get_running_loop()
+        return await asyncio.gather(*[loop.run_in_executor(ex, waits, i) for i in range(40)])
+
+    with SmartExecutor() as ex:
+        pids = asyncio.run(main(ex))
+        # All 40 were queued on 2 fork workers before the first completed;
+        # the verdict of the first completed ones moved the rest here.
+        assert pids.count(os.getpid()) >= 20, pids
+        assert len(pids) == 40
+        stats = ex.stats().backends
+        assert stats["fork"].items + stats["thread"].items == 40
+        assert stats["fork"].items >= MIN_CALLS
+        assert ex.explain(waits).backend == "thread"
+        assert any(d.backend == "thread" for d in ex.decisions())
+
+
+def test_a_moved_call_keeps_the_future_contract():
+    with SmartExecutor() as ex:
+        futures = [ex.submit(waits, i) for i in range(30)]
+        cancelled = futures[-1].cancel()  # queued: cancelled whether moved yet or not
+        done = [f for f in futures[:-1]]
+        assert all(isinstance(f.result(timeout=30), int) for f in done)
+        assert cancelled and futures[-1].cancelled()
+        with pytest.raises(Exception) as info:
+            futures[-1].result(timeout=30)
+        assert type(info.value).__name__ == "CancelledError"
+    assert ex.stats().backends["fork"].items + ex.stats().backends["thread"].items == 29
+
+
+def test_a_burst_cut_by_shutdown_runs_every_call_once(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ex = SmartExecutor()
+    try:
+        futures = [ex.submit(_waits_and_marks, str(marks), i) for i in range(30)]
+    finally:
+        ex.shutdown(wait=True)  # calls queued on fork may be moving meanwhile
+    assert [f.result(timeout=0) for f in futures] == list(range(30))
+    assert sorted(int(p.name) for p in marks.iterdir()) == list(range(30))
+
+
+def test_a_move_whose_new_route_refuses_goes_back_to_the_first():
+    from concurrent.futures import Future
+
+    from smartexec.executor import _CallFuture
+
+    first: Future[ChunkResult] = Future()
+    again: Future[ChunkResult] = Future()
+    outer = _CallFuture(first, waits, ((1,), {}), "fork", resend=lambda: again)
+
+    def refuse(call):
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    assert outer.move(refuse, "thread")
+    assert first.cancelled() and not outer.done()
+    again.set_result(ChunkResult([(True, 7)], 0.0))
+    assert outer.result(timeout=0) == 7
+    running: Future[ChunkResult] = Future()
+    running.set_running_or_notify_cancel()
+    busy = _CallFuture(running, waits, ((1,), {}), "fork")
+    assert not busy.move(refuse, "thread")  # a worker has it: it stays
+
+
 def test_a_callable_shared_by_copy_on_write_never_moves():
     holder = Holder()
     with SmartExecutor() as ex:
@@ -295,12 +368,31 @@ def test_a_verdict_is_stored_and_the_next_run_submits_on_threads_at_once():
         assert ex.explain(waits).backend == "thread"
     # A new executor, as a script's next run: its first submit runs here, on a
     # thread, the earlier run's verdict named.
+    from smartexec import _profiles
+
+    _profiles._RUN_ID = os.urandom(8).hex()  # what this process saved is an earlier run's
+    with _profiles._lock:
+        _profiles._view.clear()
     with SmartExecutor() as ex:
         assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
         decision = ex.explain(waits)
         assert decision.backend == "thread", str(decision)
         assert any("earlier run" in r for r in decision.reasons), str(decision)
+        assert any("completed submits" in r for r in decision.reasons), str(decision)
+        assert not any(r.startswith(GIL_UNKNOWN) for r in decision.reasons), str(decision)
         assert ex._fast_submits, "a thread-routed callable's submits take the fast path"
+
+
+def test_a_verdict_of_another_executor_in_this_process_is_named_so():
+    with SmartExecutor() as ex:
+        [ex.submit(waits, i).result(timeout=30) for i in range(12)]
+        moved = ex.explain(waits)
+        # The figures answered the policy's guess "it may hold the GIL".
+        assert not any(r.startswith(GIL_UNKNOWN) for r in moved.reasons), str(moved)
+    with SmartExecutor() as ex:
+        text = str(ex.explain(waits))
+        assert "earlier in this process" in text and "earlier run" not in text, text
+        assert "submits in another executor of this process ended on thread" in text, text
 
 
 def test_a_map_that_moves_a_thread_routed_callable_drops_its_submit_shortcut():
