@@ -301,6 +301,11 @@ class StatsRecorder:
             if entry.in_flight == 0:
                 entry.active += end - entry.since
             if f.cancelled():
+                # Never ran (a map closed early, a submit moved to threads):
+                # not a chunksize used.
+                entry.sizes[n_items] -= 1
+                if entry.sizes[n_items] <= 0:
+                    del entry.sizes[n_items]
                 return
             entry.chunks += 1
             if result is None:
