@@ -151,6 +151,15 @@ class BackendStats:
         return _display.backend_repr(self)
 
 
+#: What ``str(ExecutorStats)`` says its figures are, once, under the backends.
+LEGEND = (
+    "  (working: seconds in the calls, every worker's summed; waiting: worker "
+    "seconds with nothing to run while work was in flight; dispatching: this "
+    "process sending chunks; active: wall seconds with work in flight; "
+    "busy: working / (active x workers))"
+)
+
+
 @dataclass(frozen=True, repr=False)
 class ExecutorStats:
     """A snapshot of :meth:`SmartExecutor.stats`.
@@ -172,6 +181,8 @@ class ExecutorStats:
 
     def __str__(self) -> str:
         lines = [str(s) for s in self.backends.values()] or ["no work run yet"]
+        if self.backends:
+            lines.append(LEGEND)
         lines += [f"warning: {w}" for w in self.warnings]
         if self.decisions:
             # One line per decision, each once: the full reasons are in
