@@ -75,13 +75,13 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
     BIG_STATE_BYTES,
-    GIL_UNKNOWN,
     INITIALIZER_BY_VALUE,
     PREFER_VALUES,
     Decision,
     Options,
     decide,
     measured_reasons,
+    reasons_off_processes,
     stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track
@@ -997,8 +997,7 @@ class SmartExecutor(Executor):
                 or (stored.gil is not None and stored.gil.kind == "holds")
                 else "no route was predicted faster there"
             )
-            # Its figures answered the policy's guess that it may hold the GIL.
-            kept = [r for r in decision.reasons if not r.startswith(GIL_UNKNOWN)]
+            kept = reasons_off_processes(decision.reasons)
             return dataclasses.replace(
                 decision,
                 backend="thread",
@@ -1019,7 +1018,7 @@ class SmartExecutor(Executor):
             if target.backend in ("fork", "loky") and not target.share:
                 # The threads reasons do not hold for this route, nor do the
                 # "holds" figures the target was decided with (none measured).
-                kept = [r for r in target.reasons[1:] if not r.startswith("measured over")]
+                kept = tuple(r for r in target.reasons[1:] if not r.startswith("measured over"))
                 return dataclasses.replace(
                     target,
                     gil=decision.gil,
@@ -1187,11 +1186,7 @@ class SmartExecutor(Executor):
             cached = self._learned_decisions.get(key)
             if cached is not None and cached[0] is learned and cached[1] is decision:
                 return cached[2], False
-            # The policy's guess that it may hold the GIL is what the figures
-            # answered: it goes, the rest of the policy's reasons stay.
-            policy_reasons = tuple(
-                reason for reason in decision.reasons if not reason.startswith(GIL_UNKNOWN)
-            )
+            policy_reasons = reasons_off_processes(decision.reasons)
             moved = dataclasses.replace(
                 decision,
                 backend="thread",
@@ -2114,6 +2109,8 @@ class SmartExecutor(Executor):
             cached = self._decisions.get(key)
             if cached is not None and cached[0].matches(fn):
                 kept = [r for r in decision.reasons if not r.startswith("its last map: ")]
+                if decision.backend in ("thread", "inline"):
+                    kept = list(reasons_off_processes(tuple(kept)))  # moved on its figures
                 next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
                 self._decisions[key] = (cached[0], next_decision, cached[2])
 

@@ -166,6 +166,17 @@ GIL_NOT_MEASURED = (
 GIL_FIRST_MAP_MEASURES = " (its first map measures this and may move it to threads)"
 
 
+def reasons_off_processes(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """``reasons`` of a process decision, for the threads (or loop) its figures moved it to.
+
+    Drops what only argued for processes: the guess that it may hold the GIL
+    (:data:`GIL_UNKNOWN`, now answered by the figures) and how its code
+    reaches process workers.
+    """
+    dropped = (GIL_UNKNOWN, "it pickles by reference;", "it cannot be pickled by reference;")
+    return tuple(reason for reason in reasons if not reason.startswith(dropped))
+
+
 def measured_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
     """``reasons`` (a :class:`Decision`'s) with "not measured yet" taken out.
 
