@@ -770,6 +770,9 @@ class SmartExecutor(Executor):
         # run_in_executor calls all queue before the first completes).
         self._learning_calls: dict[Any, tuple[Decision, collections.deque[_CallFuture]]] = {}
         self._moves_lock = threading.RLock()
+        self._moves_idle = threading.Condition(self._moves_lock)
+        self._moves_running = 0  # moves under way (see shutdown)
+        self._movers: set[int] = set()  # the threads making them
         self._moves_closed = False
         # Submits moved to threads by their figures, taken without the lock:
         # identity key -> (handle, verdict, backend.submit_call, stats recorder).
@@ -1249,17 +1252,26 @@ class SmartExecutor(Executor):
         50 ms: 1.04 s on 2 fork workers, 0.35 s on threads). Nothing moves
         once shutdown has begun. Returns how many calls moved.
         """
+        key = identity_key(fn)
         with self._moves_lock:
             if self._moves_closed:
                 return 0
-            entry = self._learning_calls.pop(identity_key(fn), None)
+            entry = self._learning_calls.pop(key, None)
             thread = self._backends.get("thread")
             if entry is None or thread is None:
                 return 0
-            decision, calls = entry
+            decision, queued = entry
+            calls = list(queued)
             moved_decision, _ = self._submit_decision(fn, decision)
             if moved_decision.backend != "thread":
                 return 0
+            # Counted as under way: shutdown() waits for it before the backends
+            # stop, and no future's lock is taken under _moves_lock (a user's
+            # cancel() holds its future's lock while its done-callbacks run,
+            # and one may submit, which takes _moves_lock).
+            self._moves_running += 1
+            self._movers.add(threading.get_ident())
+        try:
             target = thread.prepare_call(fn, False)
             stats = self._stats
 
@@ -1269,11 +1281,20 @@ class SmartExecutor(Executor):
             moved = 0
             for future in calls:
                 origin = future._origin
-                if origin is not None and origin[0] is fn and future.move(send, thread.name):
+                if (
+                    origin is not None
+                    and identity_key(origin[0]) == key  # a bound method is new at each access
+                    and future.move(send, thread.name)
+                ):
                     moved += 1
             if moved:
                 self._started.add(thread.name)
             return moved
+        finally:
+            with self._moves_lock:
+                self._moves_running -= 1
+                self._movers.discard(threading.get_ident())
+                self._moves_idle.notify_all()
 
     def _remember_fast_submit(
         self, fn: Callable[..., Any], run_call: Callable[..., Any], record: Any, learned: bool
@@ -2375,10 +2396,17 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
-            with self._moves_lock:  # after a move under way: its calls are on threads
+            with self._moves_lock:
                 self._moves_closed = True
                 self._learning_calls.clear()
             backends = list(self._backends.values())
+        with self._moves_lock:
+            # A move under way finishes first: its calls are on threads, whose
+            # shutdown then waits for them. Not under self._lock: a moving
+            # call's send may need nothing of ours, but its done-callbacks
+            # (the user's) may submit.
+            if threading.get_ident() not in self._movers:  # not from a moved call's callback
+                self._moves_idle.wait_for(lambda: self._moves_running == 0, timeout=30.0)
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
         streams = [stream for stream, _ in unsent]

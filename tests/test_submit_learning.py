@@ -222,6 +222,32 @@ def test_a_burst_of_waiting_submits_moves_its_queued_calls_to_threads():
         assert any(d.backend == "thread" for d in ex.decisions())
 
 
+class Waiter:
+    """Small: its bound method is sent to processes by value, not shared."""
+
+    def wait(self, x: int) -> int:
+        return waits(x)
+
+
+def test_a_burst_of_a_bound_method_moves_too():
+    waiter = Waiter()
+    with SmartExecutor() as ex:
+        # A new bound-method object at each access: the burst is one callable.
+        futures = [ex.submit(waiter.wait, i) for i in range(40)]
+        pids = [f.result(timeout=30) for f in futures]
+        assert pids.count(os.getpid()) >= 20, pids
+
+
+def test_a_done_callback_that_submits_while_its_call_is_cancelled_does_not_block_moves():
+    with SmartExecutor() as ex:
+        futures = [ex.submit(waits, i) for i in range(60)]
+        later = []
+        futures[40].add_done_callback(lambda f: later.append(ex.submit(waits, 99)))
+        futures[40].cancel()  # its callbacks (a submit) run while a move may be under way
+        rest = [f.result(timeout=30) for i, f in enumerate(futures) if i != 40]
+        assert len(rest) == 59 and later and isinstance(later[0].result(timeout=30), int)
+
+
 def test_a_moved_call_keeps_the_future_contract():
     with SmartExecutor() as ex:
         futures = [ex.submit(waits, i) for i in range(30)]
