@@ -467,26 +467,35 @@ class _CallFuture(ChainedFuture):
             self._moving, self._origin = None, origin
             return False
 
+    def _send_again(self, *sends: Callable[[], Future[ChunkResult]] | None) -> None:
+        """Follow the chunk made by the first of ``sends`` that does not raise; else fail with its error.
+
+        For a retry after a worker died (the call's own route) and for a
+        move (the new route, then the first one): the one that worked sends
+        any later retry.
+        """
+        error: BaseException | None = None
+        for send in sends:
+            if send is None:
+                continue
+            try:
+                again = send()
+            except BaseException as exc:  # e.g. the executor shut down meanwhile
+                error = error or exc
+                continue
+            self._inner, self._resend = again, send
+            again.add_done_callback(self._transfer)
+            return
+        assert error is not None
+        self._origin = self._inner = self._resend = None
+        Future.set_running_or_notify_cancel(self)
+        self.set_exception(error)
+
     def _transfer(self, inner: Future[ChunkResult]) -> None:
         moving, self._moving = self._moving, None
         if moving is not None and inner.cancelled():
             self._learn = None  # the figures are the first backend's to learn
-            error: BaseException | None = None
-            for send in (moving, self._resend):
-                if send is None:
-                    continue
-                try:
-                    moved = send()
-                except BaseException as exc:
-                    error = error or exc
-                    continue
-                self._inner, self._resend = moved, send
-                moved.add_done_callback(self._transfer)
-                return
-            assert error is not None
-            self._origin = self._inner = self._resend = None
-            Future.set_running_or_notify_cancel(self)
-            self.set_exception(error)
+            self._send_again(moving, self._resend)
             return
         if (
             self._retries > 0
@@ -495,15 +504,7 @@ class _CallFuture(ChainedFuture):
             and _retryable(inner.exception())  # type: ignore[arg-type]
         ):
             self._retries -= 1
-            try:
-                retry = self._resend()
-            except BaseException as exc:  # e.g. the executor shut down meanwhile
-                self._origin = self._inner = self._resend = None
-                Future.set_running_or_notify_cancel(self)
-                self.set_exception(exc)
-                return
-            self._inner = retry
-            retry.add_done_callback(self._transfer)
+            self._send_again(self._resend)
             return
         origin, self._origin, self._inner, self._resend = self._origin, None, None, None
         if inner.cancelled():
@@ -771,8 +772,7 @@ class SmartExecutor(Executor):
         self._learning_calls: dict[Any, tuple[Decision, collections.deque[_CallFuture]]] = {}
         self._moves_lock = threading.RLock()
         self._moves_idle = threading.Condition(self._moves_lock)
-        self._moves_running = 0  # moves under way (see shutdown)
-        self._movers: set[int] = set()  # the threads making them
+        self._movers: list[int] = []  # the threads moving calls now (see shutdown)
         self._moves_closed = False
         # Submits moved to threads by their figures, taken without the lock:
         # identity key -> (handle, verdict, backend.submit_call, stats recorder).
@@ -1269,8 +1269,7 @@ class SmartExecutor(Executor):
             # stop, and no future's lock is taken under _moves_lock (a user's
             # cancel() holds its future's lock while its done-callbacks run,
             # and one may submit, which takes _moves_lock).
-            self._moves_running += 1
-            self._movers.add(threading.get_ident())
+            self._movers.append(threading.get_ident())
         try:
             target = thread.prepare_call(fn, False)
             stats = self._stats
@@ -1292,8 +1291,7 @@ class SmartExecutor(Executor):
             return moved
         finally:
             with self._moves_lock:
-                self._moves_running -= 1
-                self._movers.discard(threading.get_ident())
+                self._movers.remove(threading.get_ident())
                 self._moves_idle.notify_all()
 
     def _remember_fast_submit(
@@ -2129,9 +2127,9 @@ class SmartExecutor(Executor):
                 del self._fast_submits[key]  # its submits follow the map's route again
             cached = self._decisions.get(key)
             if cached is not None and cached[0].matches(fn):
-                kept = [r for r in decision.reasons if not r.startswith("its last map: ")]
+                kept = tuple(r for r in decision.reasons if not r.startswith("its last map: "))
                 if decision.backend in ("thread", "inline"):
-                    kept = list(reasons_off_processes(tuple(kept)))  # moved on its figures
+                    kept = reasons_off_processes(kept)  # moved there on its figures
                 next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
                 self._decisions[key] = (cached[0], next_decision, cached[2])
 
@@ -2400,15 +2398,14 @@ class SmartExecutor(Executor):
                 self._moves_closed = True
                 self._learning_calls.clear()
             backends = list(self._backends.values())
-        with self._moves_lock:
-            # A move under way finishes first: its calls are on threads, whose
-            # shutdown then waits for them. Not under self._lock: a moving
-            # call's send may need nothing of ours, but its done-callbacks
-            # (the user's) may submit.
-            if threading.get_ident() not in self._movers:  # not from a moved call's callback
-                self._moves_idle.wait_for(lambda: self._moves_running == 0, timeout=30.0)
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
+        with self._moves_lock:
+            # A move under way finishes first: its calls are on threads, whose
+            # shutdown then waits for them. Not under self._lock: a moved
+            # call's done-callbacks (the user's) may submit.
+            if threading.get_ident() not in self._movers:  # not from a moved call's callback
+                self._moves_idle.wait_for(lambda: not self._movers, timeout=30.0)
         streams = [stream for stream, _ in unsent]
         try:
             if wait and not cancel_futures:
