@@ -51,7 +51,7 @@ from ._mapping import (
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
-from ._submit_learning import Learned, SubmitLearner
+from ._submit_learning import MIN_CALLS, Learned, SubmitLearner, send_ahead
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import (
@@ -414,6 +414,10 @@ class _CallFuture(ChainedFuture):
         retries: times to retry, at most.
         learn: called with the call's chunk result when it completed (the
             worker's figures feed :mod:`smartexec._submit_learning`), or None.
+        parked: the call is not sent yet (``inner`` is None): it waits in
+            this process until :meth:`release` or :meth:`release_to_threads`
+            sends it; cancelled meanwhile, it is notified at once (``wait()``
+            and ``as_completed()`` see it done).
     """
 
     def __init__(
@@ -425,22 +429,149 @@ class _CallFuture(ChainedFuture):
         resend: Callable[[], Future[ChunkResult]] | None = None,
         retries: int = 0,
         learn: Callable[[ChunkResult], None] | None = None,
+        parked: bool = False,
     ):
         super().__init__(inner)
         self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
         self._resend = resend
         self._retries = retries
         self._learn = learn
-        # move() and cancel() one at a time: a cancel never answers True for
-        # a call that a move sends on (reentrant: a done-callback may cancel).
+        self._parked = parked and inner is None and call is not None
+        # move(), release() and cancel() decide one at a time: a cancel never
+        # answers True for a call that a move sends on. No user code runs
+        # under it (done-callbacks run after it is let go: callbacks that
+        # cancel each other's futures from two threads must not deadlock).
         self._move_lock = threading.RLock()
         self._moving: Callable[[], Future[ChunkResult]] | None = None
+        self._cancelling: int | None = None  # the thread inside cancel(), under the lock
+        self._cancel_after = False  # the inner was cancelled there: finish after the lock
+        self._cancelled_here = False  # cancel() answered True; the state follows
         if inner is not None:
             inner.add_done_callback(self._transfer)
 
     def cancel(self) -> bool:
+        plain = False
         with self._move_lock:
-            return super().cancel()
+            if self._cancelled_here:
+                return True
+            inner = self._inner
+            if self._parked:
+                # Never sent: nothing will reach it to notify, so it is
+                # notified here, as a stdlib executor does once it gets there.
+                self._parked = False
+                self._origin = None
+            elif inner is not None:
+                self._cancelling = threading.get_ident()
+                try:
+                    if not inner.cancel():
+                        return False
+                finally:
+                    self._cancelling = None
+                if not self._cancel_after:  # cancelled before, and notified then
+                    return self.cancelled()
+                self._cancel_after = False
+            elif self._chained:  # its outcome is taken (or being taken)
+                return self.cancelled()
+            else:
+                plain = True  # a plain future: nothing sends or moves it
+            if not plain:
+                self._cancelled_here = True
+        if plain:
+            return Future.cancel(self)
+        Future.cancel(self)  # the done-callbacks (the user's) run here, no lock held
+        Future.set_running_or_notify_cancel(self)
+        return True
+
+    def release(
+        self,
+        send: Callable[[], Future[ChunkResult]],
+        learn: Callable[..., None] | None = None,
+    ) -> bool:
+        """Send a parked call on its own route with ``send``; False if it was cancelled meanwhile.
+
+        ``learn(result, send_s=seconds)`` is given the call's figures once it
+        completes, as a submit sent at once gives them. A send that raises
+        fails this future with the error (a pickling failure named as
+        ``submit`` names it).
+        """
+        with self._move_lock:
+            if not self._parked or self._origin is None:
+                return False
+            self._parked = False
+            self._chained = True
+            start = time.perf_counter()
+            try:
+                inner = send()
+            except BaseException as exc:
+                error = exc
+            else:
+                if learn is not None:
+                    self._learn = functools.partial(learn, send_s=time.perf_counter() - start)
+                self._inner, self._resend = inner, send
+                inner.add_done_callback(self._transfer)
+                return True
+        self._fail_to_send(error)  # its done-callbacks run with no lock held
+        return True
+
+    def release_to_threads(self, submit_call: Callable[..., Future[Any]]) -> bool:
+        """Run a parked call on the thread backend; False if it was cancelled meanwhile.
+
+        ``submit_call(fn, args, kwargs)`` is the thread backend's
+        :meth:`~smartexec.backends.thread.ThreadBackend.submit_call`: the
+        call is never pickled, and this future follows the pool's own.
+        """
+        with self._move_lock:
+            origin = self._origin
+            if not self._parked or origin is None:
+                return False
+            self._parked = False
+            self._chained = True
+            fn, (args, kwargs), _ = origin
+            self._origin = (fn, (args, kwargs), "thread")
+            try:
+                inner = submit_call(fn, args, kwargs)
+            except BaseException as exc:
+                error = exc
+            else:
+                self._inner = inner
+                inner.add_done_callback(self._copy_outcome)
+                return True
+        self._fail_to_send(error)  # its done-callbacks run with no lock held
+        return True
+
+    def _fail_to_send(self, exc: BaseException) -> None:
+        origin, self._origin, self._inner, self._resend = self._origin, None, None, None
+        error = exc
+        if (
+            origin is not None
+            and isinstance(exc, Exception)
+            and not isinstance(exc, PayloadPicklingError)
+            and is_pickling_failure(exc)
+        ):
+            error = pickling_error(origin[0], [origin[1]], exc, origin[2])
+            error.__cause__ = exc
+        Future.set_running_or_notify_cancel(self)
+        self.set_exception(error)
+
+    def _copy_outcome(self, inner: Future[Any]) -> None:
+        """The outcome of a plain future (a thread backend's call) is this one's."""
+        self._origin = self._inner = None
+        if inner.cancelled():
+            self._cancelled_inner()
+            return
+        error = inner.exception()
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(inner.result())
+
+    def _cancelled_inner(self) -> None:
+        """The inner future was cancelled: so is this one (by :meth:`cancel`, if it did it)."""
+        if self._cancelling == threading.get_ident():
+            self._cancel_after = True  # cancel() ends it once its lock is let go
+            return
+        Future.cancel(self)
+        self.set_running_or_notify_cancel()
 
     def move(self, send: Callable[[Call], Future[ChunkResult]], backend: str) -> bool:
         """Send the call with ``send`` instead, if no worker has taken it yet.
@@ -508,8 +639,7 @@ class _CallFuture(ChainedFuture):
             return
         origin, self._origin, self._inner, self._resend = self._origin, None, None, None
         if inner.cancelled():
-            Future.cancel(self)
-            self.set_running_or_notify_cancel()
+            self._cancelled_inner()
             return
         error = inner.exception()
         if error is not None:
@@ -537,6 +667,50 @@ class _CallFuture(ChainedFuture):
             self.set_result(value)
         else:
             self.set_exception(value)
+
+
+class _LearningCalls:
+    """One callable's submits while its figures are learned (under ``_moves_lock``).
+
+    Attributes:
+        decision: the process decision they were routed by.
+        sent: calls sent to processes, oldest first (done ones dropped as
+            new ones come): a verdict moves those no worker has taken.
+        parked: calls not sent yet, oldest first, each with its sender.
+        window: calls that may be sent and not completed at once while
+            fewer than ``MIN_CALLS`` have completed (:func:`send_ahead`).
+        in_flight: calls sent and not completed.
+        completed: calls that completed (any outcome, cancelled included).
+    """
+
+    __slots__ = ("key", "decision", "sent", "parked", "window", "in_flight", "completed", "handle")
+
+    def __init__(self, key: Any, decision: Decision, window: int, handle: WeakCallable):
+        self.key = key
+        self.decision = decision
+        self.sent: collections.deque[_CallFuture] = collections.deque()
+        self.parked: collections.deque[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]] = (
+            collections.deque()
+        )
+        self.window = window
+        self.in_flight = 0
+        self.completed = 0
+        self.handle = handle
+
+    def parks(self) -> bool:
+        """Whether the next submit waits unsent (FIFO behind any that wait)."""
+        if self.parked:
+            return True
+        return self.completed < MIN_CALLS and self.in_flight >= self.window
+
+
+def _learning_call_done(
+    ref: weakref.ref[SmartExecutor], entry: _LearningCalls, future: Future[Any]
+) -> None:
+    """A learning submit completed: let waiting calls go (a done-callback, any thread)."""
+    executor = ref()
+    if executor is not None:
+        executor._learning_call_done(entry, future)
 
 
 class SmartExecutor(Executor):
@@ -765,11 +939,11 @@ class SmartExecutor(Executor):
             and self._max_tasks_per_child is None
         )
         self._learned_decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
-        # Submits sent to processes while their callable's figures are being
-        # learned: identity key -> (the process decision, their futures). A
-        # verdict moves those no worker has taken yet to threads (a burst of
-        # run_in_executor calls all queue before the first completes).
-        self._learning_calls: dict[Any, tuple[Decision, collections.deque[_CallFuture]]] = {}
+        # Submits routed to processes while their callable's figures are
+        # learned: identity key -> its calls, sent and parked. A verdict moves
+        # those no worker has taken yet to threads (a burst of run_in_executor
+        # calls all queue before the first completes).
+        self._learning_calls: dict[Any, _LearningCalls] = {}
         self._moves_lock = threading.RLock()
         self._moves_idle = threading.Condition(self._moves_lock)
         self._movers: list[int] = []  # the threads moving calls now (see shutdown)
@@ -1227,20 +1401,140 @@ class SmartExecutor(Executor):
         if self._learner.verdict(fn) is not None:
             self._move_learning_calls(fn)
 
-    def _note_learning_call(
-        self, fn: Callable[..., Any], decision: Decision, future: _CallFuture
-    ) -> None:
-        """Keep a learning submit's future: a verdict may move it to threads while it queues."""
+    def _learning_entry(
+        self, fn: Callable[..., Any], decision: Decision, workers: int
+    ) -> _LearningCalls:
+        """``fn``'s :class:`_LearningCalls`, made on its first learning submit. Hold ``_moves_lock``."""
         key = identity_key(fn)
+        entry = self._learning_calls.get(key)
+        if entry is None or not entry.handle.matches(fn):
+            entry = _LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn))
+            self._learning_calls[key] = entry
+        return entry
+
+    def _park(
+        self,
+        fn: Callable[..., Any],
+        decision: Decision,
+        call: Call,
+        backend: Backend,
+        send: Callable[[], Future[ChunkResult]],
+    ) -> _CallFuture | None:
+        """Keep a learning submit unsent while ``fn``'s first calls run; None: send it now.
+
+        See :mod:`smartexec._submit_learning` (:func:`send_ahead`): once its
+        window of calls is on the way, a callable's later submits wait here
+        until a completion lets the next go, a verdict moves them to
+        threads, or shutdown sends (or cancels) them.
+        """
+        with self._moves_lock:
+            if self._moves_closed:
+                return None
+            entry = self._learning_entry(fn, decision, backend.max_workers)
+            if not entry.parks():
+                return None
+            future: _CallFuture = _CallFuture(None, fn, call, backend.name, parked=True)
+            entry.parked.append((future, send))
+            return future
+
+    def _note_learning_call(
+        self, fn: Callable[..., Any], decision: Decision, future: _CallFuture, workers: int
+    ) -> None:
+        """Keep a sent learning submit's future: a verdict may move it to threads while it queues."""
         with self._moves_lock:
             if self._moves_closed:
                 return
-            entry = self._learning_calls.get(key)
-            calls = entry[1] if entry is not None else collections.deque()
+            entry = self._learning_entry(fn, decision, workers)
+            calls = entry.sent
             while calls and calls[0].done():
                 calls.popleft()  # in order, mostly: what is left waits in a queue
             calls.append(future)
-            self._learning_calls[key] = (decision, calls)
+            entry.in_flight += 1
+        future.add_done_callback(functools.partial(_learning_call_done, weakref.ref(self), entry))
+
+    def _learning_call_done(self, entry: _LearningCalls, done: Future[Any]) -> None:
+        """A learning submit of ``entry``'s callable completed: send the calls it lets go.
+
+        While fewer than ``MIN_CALLS`` have completed, one waiting call per
+        completion keeps the window full; after that (no verdict: the
+        callable stays on processes) every waiting call is sent. A verdict's
+        move took them first (:meth:`_learn_from` runs before the result is
+        set). Runs where the future completed (a completed call's: the
+        dispatcher thread); sends outside ``_moves_lock``, counted as a move
+        under way (``shutdown`` waits for it). A call cancelled or failed may
+        have completed under its future's lock (inside ``cancel()``, whose
+        done-callbacks may cancel others): a new thread sends then, so that
+        no thread holds one future's lock while it waits for another's.
+        """
+        with self._moves_lock:
+            if self._moves_closed or self._learning_calls.get(entry.key) is not entry:
+                return  # moved to threads by a verdict, or shut down
+            entry.in_flight -= 1
+            entry.completed += 1
+            if entry.completed >= MIN_CALLS:
+                n = len(entry.parked)
+            else:
+                n = min(len(entry.parked), entry.window - entry.in_flight)
+            if n <= 0:
+                return
+            going = [entry.parked.popleft() for _ in range(n)]
+            if done.cancelled() or done.exception() is not None:
+                helper = threading.Thread(
+                    target=self._send_all_parked,
+                    args=(entry, going),
+                    name="smartexec-release",
+                    daemon=True,
+                )
+                helper.start()
+                self._movers.append(helper.ident)  # type: ignore[arg-type]
+                return
+            self._movers.append(threading.get_ident())
+        self._send_all_parked(entry, going)
+
+    def _send_all_parked(
+        self,
+        entry: _LearningCalls,
+        going: list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]],
+    ) -> None:
+        """Send parked calls in order; this thread is counted in ``_movers`` (taken out here)."""
+        try:
+            for future, send in going:
+                self._send_parked(entry, future, send)
+        finally:
+            with self._moves_lock:
+                self._movers.remove(threading.get_ident())
+                self._moves_idle.notify_all()
+
+    def _send_parked(
+        self,
+        entry: _LearningCalls | None,
+        future: _CallFuture,
+        send: Callable[[], Future[ChunkResult]],
+    ) -> None:
+        """Send a parked call on its process route (learned from, when ``entry`` is given)."""
+        origin = future._origin
+        if origin is None:
+            return  # cancelled while it waited
+        fn, _, backend = origin
+        learn = None
+        if entry is not None:
+            with self._moves_lock:
+                if self._moves_closed:
+                    entry = None
+                else:
+                    entry.in_flight += 1
+                    entry.sent.append(future)
+            if entry is not None:
+                learn = functools.partial(self._learn_from, fn, backend=backend)
+        if not future.release(send, learn):
+            if entry is not None:
+                with self._moves_lock:
+                    entry.in_flight -= 1  # cancelled meanwhile: it never went
+            return
+        if entry is not None:
+            future.add_done_callback(
+                functools.partial(_learning_call_done, weakref.ref(self), entry)
+            )
 
     def _move_learning_calls(self, fn: Callable[..., Any]) -> int:
         """Send ``fn``'s submits that no worker has taken yet to threads, as its verdict says.
@@ -1256,28 +1550,39 @@ class SmartExecutor(Executor):
         with self._moves_lock:
             if self._moves_closed:
                 return 0
-            entry = self._learning_calls.pop(key, None)
+            entry = self._learning_calls.get(key)
             thread = self._backends.get("thread")
-            if entry is None or thread is None:
+            if entry is None or thread is None or not entry.handle.matches(fn):
                 return 0
-            decision, queued = entry
-            calls = list(queued)
-            moved_decision, _ = self._submit_decision(fn, decision)
+            moved_decision, _ = self._submit_decision(fn, entry.decision)
             if moved_decision.backend != "thread":
                 return 0
+            del self._learning_calls[key]
+            calls = list(entry.sent)
+            parked = list(entry.parked)
+            entry.parked.clear()
             # Counted as under way: shutdown() waits for it before the backends
             # stop, and no future's lock is taken under _moves_lock (a user's
             # cancel() holds its future's lock while its done-callbacks run,
             # and one may submit, which takes _moves_lock).
             self._movers.append(threading.get_ident())
         try:
+            moved = 0
+            if parked:
+                # Never pickled: straight onto the pool's threads, as submit's
+                # thread route runs a call.
+                submit_call = functools.partial(
+                    thread.submit_call,  # type: ignore[attr-defined]
+                    on_done=self._call_recorder(thread),
+                )
+                for future, _send_it in parked:
+                    moved += future.release_to_threads(submit_call)
             target = thread.prepare_call(fn, False)
             stats = self._stats
 
             def send(call: Call) -> Future[ChunkResult]:
                 return _send(thread, target, [call], None, None, stats)
 
-            moved = 0
             for future in calls:
                 origin = future._origin
                 if (
@@ -1293,6 +1598,14 @@ class SmartExecutor(Executor):
             with self._moves_lock:
                 self._movers.remove(threading.get_ident())
                 self._moves_idle.notify_all()
+
+    def _call_recorder(self, backend: Backend) -> Callable[[float, float], None]:
+        """The stats recorder of calls run on ``backend`` with no chunk (submit's thread route)."""
+        record = self._call_recorders.get(backend.name)
+        if record is None:
+            made = self._stats.call_recorder(backend.name, backend.max_workers)
+            record = self._call_recorders.setdefault(backend.name, made)
+        return record  # type: ignore[no-any-return]
 
     def _remember_fast_submit(
         self, fn: Callable[..., Any], run_call: Callable[..., Any], record: Any, learned: bool
@@ -1353,31 +1666,33 @@ class SmartExecutor(Executor):
             if run_call is not None:
                 # The thread route: the pool's own future is the caller's, as
                 # from a ThreadPoolExecutor (no chunk, no chain).
-                record = self._call_recorders.get(backend.name)
-                if record is None:
-                    record = self._stats.call_recorder(backend.name, backend.max_workers)
-                    self._call_recorders[backend.name] = record
+                record = self._call_recorder(backend)
                 future: Future[T] = run_call(fn, args, kwargs, record)
                 self._started.add(backend.name)
                 self._remember_fast_submit(fn, run_call, record, moved is not None)
                 return future
             call: Call = (args, kwargs)
+            parked: _CallFuture | None = None
             try:
                 target = backend.prepare_call(fn, decision.share)
 
                 def send() -> Future[ChunkResult]:
                     return _send(backend, target, [call], None, timeout_s, self._stats)
 
-                start = time.perf_counter()
-                inner = send()
-                learn: Callable[[ChunkResult], None] | None = None
                 if learning:
-                    learn = functools.partial(
-                        self._learn_from,
-                        fn,
-                        send_s=time.perf_counter() - start,
-                        backend=backend.name,
-                    )
+                    self._backend("thread")  # made here, under the lock, for a verdict's move
+                    parked = self._park(fn, decision, call, backend, send)
+                if parked is None:
+                    start = time.perf_counter()
+                    inner = send()
+                    learn: Callable[[ChunkResult], None] | None = None
+                    if learning:
+                        learn = functools.partial(
+                            self._learn_from,
+                            fn,
+                            send_s=time.perf_counter() - start,
+                            backend=backend.name,
+                        )
             except Exception as exc:
                 # As the stdlib: a call that cannot be sent fails its future,
                 # submit() itself does not raise (the built-in process
@@ -1392,10 +1707,16 @@ class SmartExecutor(Executor):
                 failed.set_exception(error)
                 return failed
             self._started.add(backend.name)
-            outer = _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
-            if learning:
-                self._backend("thread")  # made here, under the lock, for a verdict's move
-                self._note_learning_call(fn, decision, outer)
+            if parked is None:
+                outer = _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
+                if learning:
+                    self._note_learning_call(fn, decision, outer, backend.max_workers)
+        if parked is not None:
+            # The calls on their way decide where this one runs: let the
+            # thread that completes them have the GIL now, rather than after
+            # the switch interval (5 ms) of a loop of submits.
+            time.sleep(0)
+            return parked
         return outer
 
     submit.__doc__ = (
@@ -1404,7 +1725,12 @@ class SmartExecutor(Executor):
         smartexec adds: the callable is routed to a backend by
         :meth:`explain`'s policy. Returns at once, however long the
         arguments take to pickle (plain data is pickled before it returns,
-        anything else on a background thread, in submission order). When the
+        anything else on a background thread, in submission order). While
+        a process-routed callable's first calls are measured, calls beyond
+        two per worker wait unsent in this process, as
+        ``ProcessPoolExecutor`` queues calls beyond ``max_workers + 1``:
+        their arguments are pickled when they are sent, or never if the
+        measurement moves them to threads (``docs/routing.md``). When the
         callable or an argument cannot be sent to the chosen backend's
         workers, the future fails with
         :class:`~smartexec.errors.PayloadPicklingError` (a
@@ -2394,9 +2720,7 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
-            with self._moves_lock:
-                self._moves_closed = True
-                self._learning_calls.clear()
+            parked = self._close_learning()
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
@@ -2406,6 +2730,13 @@ class SmartExecutor(Executor):
             # call's done-callbacks (the user's) may submit.
             if threading.get_ident() not in self._movers:  # not from a moved call's callback
                 self._moves_idle.wait_for(lambda: not self._movers, timeout=30.0)
+        # Submits still waiting for their callable's first figures: sent on
+        # their route now (pending work runs, as in the stdlib), or cancelled.
+        for future, send in parked:
+            if cancel_futures:
+                future.cancel()
+            else:
+                self._send_parked(None, future, send)
         streams = [stream for stream, _ in unsent]
         try:
             if wait and not cancel_futures:
@@ -2458,6 +2789,16 @@ class SmartExecutor(Executor):
             return False
         return super().__exit__(exc_type, exc_val, exc_tb)
 
+    def _close_learning(self) -> list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]]:
+        """Stop moving and parking submits (shutdown); return the parked ones, oldest first."""
+        with self._moves_lock:
+            self._moves_closed = True
+            parked = [p for entry in self._learning_calls.values() for p in entry.parked]
+            for entry in self._learning_calls.values():
+                entry.parked.clear()
+            self._learning_calls.clear()
+        return parked
+
     def terminate(self) -> None:
         """Shut down now: cancel pending work and kill process workers mid-task.
 
@@ -2470,7 +2811,10 @@ class SmartExecutor(Executor):
         """
         with self._lock:
             self._shutdown = True
+            parked = self._close_learning()
             backends = list(self._backends.values())
+        for future, _send_it in parked:
+            future.cancel()
         for backend in backends:
             backend.terminate()
 

@@ -431,3 +431,187 @@ def test_a_map_that_moves_a_thread_routed_callable_drops_its_submit_shortcut():
         ex._route_next(waits, dataclasses.replace(ex.explain(waits), backend="fork"), "test")
         assert key not in ex._fast_submits
         assert ex.submit(waits, 0).result(timeout=30) != os.getpid()
+
+
+# -- calls that wait unsent for their callable's first figures -----------------------
+
+
+def _pid(x: int) -> int:
+    return os.getpid()
+
+
+def _sleeps(seconds: float, x: int) -> int:
+    time.sleep(seconds)
+    return x
+
+
+def _sleeps_and_marks(folder: str, seconds: float, x: int) -> int:
+    time.sleep(seconds)
+    with open(os.path.join(folder, str(x)), "x"):  # "x": a second run of x fails
+        pass
+    return x
+
+
+def _computes_briefly(x: int) -> int:
+    start = time.thread_time()
+    while time.thread_time() - start < 0.002:
+        sum(range(200))
+    return os.getpid()
+
+
+def _fails(x: int) -> int:
+    time.sleep(0.002)
+    raise ValueError(f"call {x} failed")
+
+
+def test_send_ahead_covers_a_verdict_and_a_queued_call_per_worker():
+    from smartexec._submit_learning import send_ahead
+
+    assert send_ahead(1) == MIN_CALLS
+    assert send_ahead(2) == MIN_CALLS
+    assert send_ahead(16) == 32
+
+
+def test_a_burst_sends_only_its_window_to_processes_before_the_verdict():
+    from smartexec._submit_learning import send_ahead
+
+    with SmartExecutor(2) as ex:
+        assert ex.explain(_pid).backend == "fork"
+        futures = [ex.submit(_pid, i) for i in range(3000)]
+        pids = [f.result(timeout=60) for f in futures]
+        in_workers = sum(pid != os.getpid() for pid in pids)
+        # The window, then one more per completion before the fourth (the
+        # verdict's): the rest waited unsent and ran on threads, never pickled.
+        assert MIN_CALLS <= in_workers <= send_ahead(2) + MIN_CALLS - 1, in_workers
+        assert ex.explain(_pid).backend == "thread"
+        stats = ex.stats().backends
+        assert stats["fork"].items == in_workers
+        assert stats["fork"].items + stats["thread"].items == 3000
+
+
+def test_a_waiting_call_cancels_at_once_and_never_runs(tmp_path):
+    import concurrent.futures
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_sleeps_and_marks, str(marks), 0.3, i) for i in range(12)]
+        last = futures[-1]  # behind the window: waiting unsent
+        assert last.cancel() and last.cancelled() and not last.running()
+        # Notified at once, as a stdlib executor's cancelled call once reached.
+        done, _ = concurrent.futures.wait([last], timeout=0)
+        assert done == {last}
+        assert [f.result(timeout=60) for f in futures[:-1]] == list(range(11))
+    assert sorted(int(p.name) for p in marks.iterdir()) == list(range(11))
+
+
+def test_a_burst_of_a_computing_callable_runs_every_call_in_workers_in_order():
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_computes_briefly, i) for i in range(60)]
+        pids = [f.result(timeout=60) for f in futures]
+        assert os.getpid() not in pids
+        assert ex.explain(_computes_briefly).backend == "fork"
+        assert ex.stats().backends["fork"].items == 60
+
+
+def test_calls_that_fail_still_let_the_waiting_ones_go():
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_fails, i) for i in range(30)]
+        for i, future in enumerate(futures):
+            with pytest.raises(ValueError, match=f"call {i} failed"):
+                future.result(timeout=60)
+
+
+def test_waiting_calls_whose_arguments_cannot_be_pickled_fail_as_the_first_do():
+    import pickle
+    import threading
+
+    lock = threading.Lock()
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_sleeps, 0.01, lock) for _ in range(12)]
+        for future in futures:
+            with pytest.raises(pickle.PicklingError, match="lock"):
+                future.result(timeout=60)
+
+
+@pytest.mark.parametrize("cancel_futures", [False, True], ids=["wait", "cancel_futures"])
+def test_shutdown_sends_or_cancels_the_waiting_calls(tmp_path, cancel_futures):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ex = SmartExecutor(2)
+    futures = [ex.submit(_sleeps_and_marks, str(marks), 0.2, i) for i in range(10)]
+    ex.shutdown(wait=True, cancel_futures=cancel_futures)
+    assert all(f.done() for f in futures)
+    ran = sorted(int(p.name) for p in marks.iterdir())
+    cancelled = [i for i, f in enumerate(futures) if f.cancelled()]
+    assert [i for i, f in enumerate(futures) if not f.cancelled()] == ran
+    assert all(futures[i].result(timeout=0) == i for i in ran)
+    if cancel_futures:
+        assert cancelled, "the calls waiting unsent are cancelled"
+    else:
+        assert ran == list(range(10))
+
+
+def test_shutdown_without_waiting_still_runs_the_waiting_calls():
+    ex = SmartExecutor(2)
+    futures = [ex.submit(_sleeps, 0.1, i) for i in range(10)]
+    ex.shutdown(wait=False)
+    assert [f.result(timeout=60) for f in futures] == list(range(10))
+    ex.shutdown(wait=True)
+
+
+def test_done_callbacks_that_cancel_the_others_do_not_hang():
+    import threading
+
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_sleeps, 0.05, i) for i in range(40)]
+
+        def cancel_the_rest(_):
+            for f in futures:
+                f.cancel()
+
+        for f in futures[:6]:
+            f.add_done_callback(cancel_the_rest)
+        canceller = threading.Thread(target=lambda: [f.cancel() for f in reversed(futures)])
+        canceller.start()
+        futures[3].cancel()
+        canceller.join(30)
+        assert not canceller.is_alive()
+        for f in futures:
+            assert f.cancelled() or f.result(timeout=60) in range(40)
+
+
+def test_a_parked_future_released_late_or_refused():
+    from concurrent.futures import Future
+
+    from smartexec.errors import PayloadPicklingError
+    from smartexec.executor import _CallFuture
+
+    parked = _CallFuture(None, waits, ((1,), {}), "fork", parked=True)
+    assert parked.cancel()
+    assert not parked.release(lambda: Future())  # cancelled: never sent
+
+    refused = _CallFuture(None, waits, ((1,), {}), "fork", parked=True)
+
+    def refuse():
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    assert refused.release(refuse)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        refused.result(timeout=0)
+
+    unpicklable = _CallFuture(None, waits, ((1,), {}), "fork", parked=True)
+
+    def cannot_pickle():
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+    assert unpicklable.release(cannot_pickle)
+    with pytest.raises(PayloadPicklingError):
+        unpicklable.result(timeout=0)
+
+    inner: Future[int] = Future()
+    on_threads = _CallFuture(None, operator.add, ((1, 2), {}), "fork", parked=True)
+    assert on_threads.release_to_threads(lambda fn, args, kwargs: inner)
+    assert not on_threads.done()
+    inner.set_result(3)
+    assert on_threads.result(timeout=0) == 3
