@@ -23,12 +23,11 @@ import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
+from ._call_future import CallFuture as _CallFuture
 from ._diagnose import is_pickling_failure, pickling_error
-from ._futures import ChainedFuture
 from ._identity import WeakCallable, identity_key
 from ._mapping import (
     PICKLE_SAMPLE,
@@ -58,7 +57,6 @@ from .errors import (
     BackendUnavailableError,
     InitializerError,
     PayloadPicklingError,
-    WorkerCrashedError,
 )
 from .gil import (
     GIL_DECIDED_S,
@@ -284,11 +282,6 @@ def _release_backends(backends: dict[str, Backend]) -> None:
             pass
 
 
-def _retryable(exc: BaseException) -> bool:
-    """A worker death: the call itself may well succeed on a fresh worker."""
-    return isinstance(exc, WorkerCrashedError)
-
-
 def _options_without_backend(options: dict[str, Any]) -> str:
     """The message for keyword arguments ``SmartExecutor()`` does not take, with no ``backend=``.
 
@@ -397,276 +390,6 @@ def _start_method_note(factory: Callable[..., Backend]) -> str | None:
     if method is not None:
         return f"{getattr(factory, 'name', '')} workers (start method: {method})"
     return None
-
-
-class _CallFuture(ChainedFuture):
-    """The future ``submit`` returns; completed from its one-call chunk.
-
-    A ``concurrent.futures.Future``: built with no argument (``type(fut)()``)
-    it is a plain, pending one, as the stdlib's is.
-
-    Args:
-        inner: the chunk's future, or None for a plain future.
-        fn: the user's callable (for a clear pickling error).
-        call: its ``(args, kwargs)``.
-        backend: the backend's name.
-        resend: sends the call again (a retry after a worker died).
-        retries: times to retry, at most.
-        learn: called with the call's chunk result when it completed (the
-            worker's figures feed :mod:`smartexec._submit_learning`), or None.
-        parked: the call is not sent yet (``inner`` is None): it waits in
-            this process until :meth:`release` or :meth:`release_to_threads`
-            sends it; cancelled meanwhile, it is notified at once (``wait()``
-            and ``as_completed()`` see it done).
-    """
-
-    def __init__(
-        self,
-        inner: Future[ChunkResult] | None = None,
-        fn: Any = None,
-        call: Call | None = None,
-        backend: str = "",
-        resend: Callable[[], Future[ChunkResult]] | None = None,
-        retries: int = 0,
-        learn: Callable[[ChunkResult], None] | None = None,
-        parked: bool = False,
-    ):
-        super().__init__(inner)
-        self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
-        self._resend = resend
-        self._retries = retries
-        self._learn = learn
-        self._parked = parked and inner is None and call is not None
-        # move(), release() and cancel() decide one at a time: a cancel never
-        # answers True for a call that a move sends on. No user code runs
-        # under it (done-callbacks run after it is let go: callbacks that
-        # cancel each other's futures from two threads must not deadlock).
-        self._move_lock = threading.RLock()
-        self._moving: Callable[[], Future[ChunkResult]] | None = None
-        self._cancelling: int | None = None  # the thread inside cancel(), under the lock
-        self._cancel_after = False  # the inner was cancelled there: finish after the lock
-        self._cancelled_here = False  # cancel() answered True; the state follows
-        if inner is not None:
-            inner.add_done_callback(self._transfer)
-
-    def cancel(self) -> bool:
-        plain = False
-        with self._move_lock:
-            if self._cancelled_here:
-                return True
-            inner = self._inner
-            if self._parked:
-                # Never sent: nothing will reach it to notify, so it is
-                # notified here, as a stdlib executor does once it gets there.
-                self._parked = False
-                self._origin = None
-            elif inner is not None:
-                self._cancelling = threading.get_ident()
-                try:
-                    if not inner.cancel():
-                        return False
-                finally:
-                    self._cancelling = None
-                if not self._cancel_after:  # cancelled before, and notified then
-                    return self.cancelled()
-                self._cancel_after = False
-            elif self._chained:  # its outcome is taken (or being taken)
-                return self.cancelled()
-            else:
-                plain = True  # a plain future: nothing sends or moves it
-            if not plain:
-                self._cancelled_here = True
-        if plain:
-            return Future.cancel(self)
-        Future.cancel(self)  # the done-callbacks (the user's) run here, no lock held
-        Future.set_running_or_notify_cancel(self)
-        return True
-
-    def release(
-        self,
-        send: Callable[[], Future[ChunkResult]],
-        learn: Callable[..., None] | None = None,
-    ) -> bool:
-        """Send a parked call on its own route with ``send``; False if it was cancelled meanwhile.
-
-        ``learn(result, send_s=seconds)`` is given the call's figures once it
-        completes, as a submit sent at once gives them. A send that raises
-        fails this future with the error (a pickling failure named as
-        ``submit`` names it).
-        """
-        with self._move_lock:
-            if not self._parked or self._origin is None:
-                return False
-            self._parked = False
-            self._chained = True
-            start = time.perf_counter()
-            try:
-                inner = send()
-            except BaseException as exc:
-                error = exc
-            else:
-                if learn is not None:
-                    self._learn = functools.partial(learn, send_s=time.perf_counter() - start)
-                self._inner, self._resend = inner, send
-                inner.add_done_callback(self._transfer)
-                return True
-        self._fail_to_send(error)  # its done-callbacks run with no lock held
-        return True
-
-    def release_to_threads(self, submit_call: Callable[..., Future[Any]]) -> bool:
-        """Run a parked call on the thread backend; False if it was cancelled meanwhile.
-
-        ``submit_call(fn, args, kwargs)`` is the thread backend's
-        :meth:`~smartexec.backends.thread.ThreadBackend.submit_call`: the
-        call is never pickled, and this future follows the pool's own.
-        """
-        with self._move_lock:
-            origin = self._origin
-            if not self._parked or origin is None:
-                return False
-            self._parked = False
-            self._chained = True
-            fn, (args, kwargs), _ = origin
-            self._origin = (fn, (args, kwargs), "thread")
-            try:
-                inner = submit_call(fn, args, kwargs)
-            except BaseException as exc:
-                error = exc
-            else:
-                self._inner = inner
-                inner.add_done_callback(self._copy_outcome)
-                return True
-        self._fail_to_send(error)  # its done-callbacks run with no lock held
-        return True
-
-    def _fail_to_send(self, exc: BaseException) -> None:
-        origin, self._origin, self._inner, self._resend = self._origin, None, None, None
-        error = exc
-        if (
-            origin is not None
-            and isinstance(exc, Exception)
-            and not isinstance(exc, PayloadPicklingError)
-            and is_pickling_failure(exc)
-        ):
-            error = pickling_error(origin[0], [origin[1]], exc, origin[2])
-            error.__cause__ = exc
-        Future.set_running_or_notify_cancel(self)
-        self.set_exception(error)
-
-    def _copy_outcome(self, inner: Future[Any]) -> None:
-        """The outcome of a plain future (a thread backend's call) is this one's."""
-        self._origin = self._inner = None
-        if inner.cancelled():
-            self._cancelled_inner()
-            return
-        error = inner.exception()
-        if error is not None:
-            self.set_exception(error)
-        else:
-            self.set_result(inner.result())
-
-    def _cancelled_inner(self) -> None:
-        """The inner future was cancelled: so is this one (by :meth:`cancel`, if it did it)."""
-        if self._cancelling == threading.get_ident():
-            self._cancel_after = True  # cancel() ends it once its lock is let go
-            return
-        Future.cancel(self)
-        self.set_running_or_notify_cancel()
-
-    def move(self, send: Callable[[Call], Future[ChunkResult]], backend: str) -> bool:
-        """Send the call with ``send`` instead, if no worker has taken it yet.
-
-        The chunk queued on the first backend is cancelled there (it never
-        runs) and ``send(call)`` makes the one this future follows from now
-        on; should that raise, the call goes back to the first backend. For
-        submits that a verdict moves to threads while queued on processes
-        (:meth:`SmartExecutor._move_learning_calls`).
-
-        Returns:
-            True when the call moved; False when it had started (or ended),
-            or was never sent.
-        """
-        with self._move_lock:
-            inner, origin = self._inner, self._origin
-            if inner is None or origin is None or inner.running() or inner.done():
-                return False
-            call = origin[1]
-            self._moving = functools.partial(send, call)
-            self._origin = (origin[0], call, backend)
-            if inner.cancel():  # _transfer, called back here, sends it
-                return True
-            self._moving, self._origin = None, origin
-            return False
-
-    def _send_again(self, *sends: Callable[[], Future[ChunkResult]] | None) -> None:
-        """Follow the chunk made by the first of ``sends`` that does not raise; else fail with its error.
-
-        For a retry after a worker died (the call's own route) and for a
-        move (the new route, then the first one): the one that worked sends
-        any later retry.
-        """
-        error: BaseException | None = None
-        for send in sends:
-            if send is None:
-                continue
-            try:
-                again = send()
-            except BaseException as exc:  # e.g. the executor shut down meanwhile
-                error = error or exc
-                continue
-            self._inner, self._resend = again, send
-            again.add_done_callback(self._transfer)
-            return
-        assert error is not None
-        self._origin = self._inner = self._resend = None
-        Future.set_running_or_notify_cancel(self)
-        self.set_exception(error)
-
-    def _transfer(self, inner: Future[ChunkResult]) -> None:
-        moving, self._moving = self._moving, None
-        if moving is not None and inner.cancelled():
-            self._learn = None  # the figures are the first backend's to learn
-            self._send_again(moving, self._resend)
-            return
-        if (
-            self._retries > 0
-            and self._resend is not None
-            and not inner.cancelled()
-            and _retryable(inner.exception())  # type: ignore[arg-type]
-        ):
-            self._retries -= 1
-            self._send_again(self._resend)
-            return
-        origin, self._origin, self._inner, self._resend = self._origin, None, None, None
-        if inner.cancelled():
-            self._cancelled_inner()
-            return
-        error = inner.exception()
-        if error is not None:
-            if (
-                origin is not None
-                and not isinstance(error, (PayloadPicklingError, BrokenProcessPool))
-                and is_pickling_failure(error)
-            ):
-                # A plugin backend's own pickling error: name the part that failed.
-                fn, call, backend = origin
-                error = pickling_error(fn, [call], error, backend)
-            self.set_exception(error)
-            return
-        result = inner.result()
-        learn, self._learn = self._learn, None
-        if learn is not None:
-            # Before the result is set: a caller that saw it routes the next
-            # submit with this call's figures.
-            try:
-                learn(result)
-            except Exception:  # pragma: no cover - figures are advice, never an error
-                pass
-        ok, value = result.outcomes[0]
-        if ok:
-            self.set_result(value)
-        else:
-            self.set_exception(value)
 
 
 class _LearningCalls:
@@ -947,6 +670,8 @@ class SmartExecutor(Executor):
         self._moves_lock = threading.RLock()
         self._moves_idle = threading.Condition(self._moves_lock)
         self._movers: list[int] = []  # the threads moving calls now (see shutdown)
+        self._closers: list[int] = []  # shutdowns sending parked calls now
+        self._closing_cancels = False  # a shutdown that cancels pending work began
         self._moves_closed = False
         # Submits moved to threads by their figures, taken without the lock:
         # identity key -> (handle, verdict, backend.submit_call, stats recorder).
@@ -1408,8 +1133,18 @@ class SmartExecutor(Executor):
         key = identity_key(fn)
         entry = self._learning_calls.get(key)
         if entry is None or not entry.handle.matches(fn):
+            calls = self._learning_calls  # the weakref callback must not hold self
             entry = _LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn))
-            self._learning_calls[key] = entry
+            made = entry
+
+            def forget() -> None:
+                # May run in the garbage collector while a thread holds
+                # _moves_lock: dict calls are atomic, so no lock here.
+                if calls.get(key) is made:
+                    calls.pop(key, None)
+
+            entry.handle = WeakCallable(fn, forget)  # its calls die with it
+            calls[key] = entry
         return entry
 
     def _park(
@@ -1433,7 +1168,9 @@ class SmartExecutor(Executor):
             entry = self._learning_entry(fn, decision, backend.max_workers)
             if not entry.parks():
                 return None
-            future: _CallFuture = _CallFuture(None, fn, call, backend.name, parked=True)
+            future: _CallFuture = _CallFuture(
+                None, fn, call, backend.name, retries=self._max_retries, parked=True
+            )
             entry.parked.append((future, send))
             return future
 
@@ -1478,7 +1215,10 @@ class SmartExecutor(Executor):
             if n <= 0:
                 return
             going = [entry.parked.popleft() for _ in range(n)]
-            if done.cancelled() or done.exception() is not None:
+            if n > 1 or done.cancelled() or done.exception() is not None:
+                # A thread of its own for many (the dispatcher completing
+                # this call would hand no chunk to an idle worker while it
+                # pickles them: 2,400 calls took it 0.9 s).
                 helper = threading.Thread(
                     target=self._send_all_parked,
                     args=(entry, going),
@@ -1496,10 +1236,17 @@ class SmartExecutor(Executor):
         entry: _LearningCalls,
         going: list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]],
     ) -> None:
-        """Send parked calls in order; this thread is counted in ``_movers`` (taken out here)."""
+        """Send parked calls in order; this thread is counted in ``_movers`` (taken out here).
+
+        Once a shutdown that cancels (``cancel_futures``, ``terminate()``,
+        ``kill_workers()``) has begun, the rest are cancelled instead.
+        """
         try:
             for future, send in going:
-                self._send_parked(entry, future, send)
+                if self._moves_closed and self._closing_cancels:
+                    future.cancel()
+                else:
+                    self._send_parked(entry, future, send)
         finally:
             with self._moves_lock:
                 self._movers.remove(threading.get_ident())
@@ -2720,23 +2467,12 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
-            parked = self._close_learning()
+            parked = self._close_learning(cancel_futures)
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
-        with self._moves_lock:
-            # A move under way finishes first: its calls are on threads, whose
-            # shutdown then waits for them. Not under self._lock: a moved
-            # call's done-callbacks (the user's) may submit.
-            if threading.get_ident() not in self._movers:  # not from a moved call's callback
-                self._moves_idle.wait_for(lambda: not self._movers, timeout=30.0)
-        # Submits still waiting for their callable's first figures: sent on
-        # their route now (pending work runs, as in the stdlib), or cancelled.
-        for future, send in parked:
-            if cancel_futures:
-                future.cancel()
-            else:
-                self._send_parked(None, future, send)
+        # Not under self._lock: a moved call's done-callbacks (the user's) may submit.
+        self._finish_learning(parked, cancel_futures)
         streams = [stream for stream, _ in unsent]
         try:
             if wait and not cancel_futures:
@@ -2789,15 +2525,57 @@ class SmartExecutor(Executor):
             return False
         return super().__exit__(exc_type, exc_val, exc_tb)
 
-    def _close_learning(self) -> list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]]:
-        """Stop moving and parking submits (shutdown); return the parked ones, oldest first."""
+    def _close_learning(
+        self, cancel: bool
+    ) -> list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]]:
+        """Stop moving and parking submits (shutdown); return the parked ones, oldest first.
+
+        ``cancel``: the shutdown cancels pending work (moves under way then
+        cancel what they have not sent). A thread that takes parked calls is
+        counted in ``_closers`` until :meth:`_finish_learning` has sent them:
+        another shutdown waits for it before the backends stop.
+        """
         with self._moves_lock:
             self._moves_closed = True
+            self._closing_cancels = self._closing_cancels or cancel
             parked = [p for entry in self._learning_calls.values() for p in entry.parked]
             for entry in self._learning_calls.values():
                 entry.parked.clear()
             self._learning_calls.clear()
+            if parked:
+                self._closers.append(threading.get_ident())
         return parked
+
+    def _finish_learning(
+        self, parked: list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]], cancel: bool
+    ) -> None:
+        """Wait for moves under way, then send the parked calls on their route (or cancel them).
+
+        A move under way finishes first (its calls are then on threads,
+        whose shutdown waits for them), and another shutdown's parked calls
+        are sent first. Pending work runs, as in the stdlib, unless
+        ``cancel``. Not from a move's own thread (a moved call's
+        done-callback that shuts down): it cannot wait for itself.
+        """
+        me = threading.get_ident()
+        with self._moves_lock:
+            if me not in self._movers:
+                self._moves_idle.wait_for(
+                    lambda: not self._movers and all(c == me for c in self._closers),
+                    timeout=30.0,
+                )
+        if not parked:
+            return
+        try:
+            for future, send in parked:
+                if cancel:
+                    future.cancel()
+                else:
+                    self._send_parked(None, future, send)
+        finally:
+            with self._moves_lock:
+                self._closers.remove(me)
+                self._moves_idle.notify_all()
 
     def terminate(self) -> None:
         """Shut down now: cancel pending work and kill process workers mid-task.
@@ -2811,10 +2589,9 @@ class SmartExecutor(Executor):
         """
         with self._lock:
             self._shutdown = True
-            parked = self._close_learning()
+            parked = self._close_learning(cancel=True)
             backends = list(self._backends.values())
-        for future, _send_it in parked:
-            future.cancel()
+        self._finish_learning(parked, cancel=True)
         for backend in backends:
             backend.terminate()
 
@@ -2858,7 +2635,9 @@ class SmartExecutor(Executor):
     def _signal_workers(self, signum: int) -> None:
         with self._lock:
             self._shutdown = True
+            parked = self._close_learning(cancel=True)
             backends = list(self._backends.values())
+        self._finish_learning(parked, cancel=True)  # calls not started are cancelled
         for backend in backends:
             backend.signal_workers(signum)
 

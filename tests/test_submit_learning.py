@@ -615,3 +615,100 @@ def test_a_parked_future_released_late_or_refused():
     assert not on_threads.done()
     inner.set_result(3)
     assert on_threads.result(timeout=0) == 3
+
+
+def _computes_first_slowly(x: int) -> int:
+    start = time.thread_time()
+    while time.thread_time() - start < (0.2 if x < 4 else 0.0005):
+        pass
+    return x
+
+
+@pytest.mark.parametrize("how", ["terminate", "kill_workers", "terminate_workers"])
+def test_stopping_the_workers_cancels_the_waiting_calls_and_leaves_none_pending(how):
+    from concurrent.futures.process import BrokenProcessPool
+
+    ex = SmartExecutor(2)
+    futures = [ex.submit(_computes_first_slowly, i) for i in range(500)]
+    getattr(ex, how)()
+    ex.shutdown(wait=True)
+    for future in futures:
+        # Each ended: ran, cancelled (waiting or queued), or its worker died.
+        if not future.cancelled():
+            error = future.exception(timeout=30)
+            assert error is None or isinstance(error, BrokenProcessPool), repr(error)
+    assert sum(f.cancelled() for f in futures) >= 400
+
+
+def test_two_shutdowns_at_once_run_every_waiting_call():
+    import threading
+
+    ex = SmartExecutor(2)
+    futures = [ex.submit(_computes_first_slowly, i) for i in range(600)]
+    other = threading.Thread(target=ex.shutdown)
+    other.start()
+    ex.shutdown()
+    other.join(60)
+    assert [f.result(timeout=0) for f in futures] == list(range(600))
+
+
+def _dies_on_first_try(folder: str, x: int) -> int:
+    try:
+        fd = os.open(os.path.join(folder, str(x)), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.02:  # computes: stays on processes
+            pass
+        return x
+    os.close(fd)
+    os._exit(1)  # its worker dies on the call's first try
+
+
+def test_max_retries_covers_the_waiting_calls(tmp_path):
+    with SmartExecutor(2, max_retries=1) as ex:
+        futures = [ex.submit(_dies_on_first_try, str(tmp_path), i) for i in range(10)]
+        assert [f.result(timeout=60) for f in futures] == list(range(10))
+
+
+def test_no_done_callback_runs_under_a_futures_lock():
+    """Two parked calls sent by two threads at once, each done at once, each callback cancelling the other."""
+    import threading
+    from concurrent.futures import Future
+
+    from smartexec.executor import _CallFuture
+
+    first = _CallFuture(None, operator.add, ((1, 2), {}), "fork", parked=True)
+    second = _CallFuture(None, operator.add, ((3, 4), {}), "fork", parked=True)
+    first.add_done_callback(lambda _: second.cancel())
+    second.add_done_callback(lambda _: first.cancel())
+    both_sent = threading.Barrier(2)
+
+    def ran_already(
+        fn, args, kwargs
+    ):  # a fast pool thread finished it before its callback was added
+        done: Future[int] = Future()
+        done.set_result(fn(*args, **kwargs))
+        both_sent.wait(10)
+        return done
+
+    threads = [
+        threading.Thread(target=f.release_to_threads, args=(ran_already,), daemon=True)
+        for f in (first, second)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert first.result(timeout=0) == 3 and second.result(timeout=0) == 7
+
+
+def test_a_dead_bound_methods_waiting_entry_goes_with_it():
+    holder = Waiter()
+    with SmartExecutor(2) as ex:
+        [f.result(timeout=30) for f in [ex.submit(holder.wait, i) for i in range(3)]]
+        ref = weakref.ref(holder)
+        del holder
+        gc.collect()
+        assert ref() is None
+        assert not ex._learning_calls

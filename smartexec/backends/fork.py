@@ -802,7 +802,11 @@ class _ForkPool:
         thread.join(grace_s)
         if thread.is_alive():
             with self._lock:
-                self._queue.clear()  # nothing more may start
+                queued = list(self._queue)  # nothing more may start
+                self._queue.clear()
+            for task in queued:
+                if task.future.cancel():
+                    task.future.set_running_or_notify_cancel()  # tells wait() / as_completed()
             for worker in list(self._workers):
                 worker.kill()
             thread.join()
