@@ -484,12 +484,15 @@ def table(
 def stability_report(results: list[Run], rows: list[cw.Workload]) -> str:
     out = ["smartexec stability (each run a fresh process):"]
     agreed = 0
+    later_agreed = 0  # runs after the first: each started from the same stored profile
     ended_agreed = 0  # the backend each run ended on (a first-ever run may start elsewhere)
     for workload in rows:
         runs = [r for r in results if r.workload == workload.name]
         keys = [route_key(r) for r in runs]
         counts = {k: keys.count(k) for k in dict.fromkeys(keys)}
         agreed += len(counts) == 1 and "?" not in counts
+        later = set(keys[1:])
+        later_agreed += len(later) <= 1 and "?" not in later
         ends = {k.split(" > ")[-1] for k in keys}
         ended_agreed += len(ends) == 1 and "?" not in ends
         verdict = (
@@ -505,6 +508,10 @@ def stability_report(results: list[Run], rows: list[cw.Workload]) -> str:
             if decisions:
                 out.append(f"           decisions: {', '.join(decisions)}")
     out.append(f"the same route in every run on {agreed} of {len(rows)} workloads")
+    out.append(
+        f"the same route in every run after the first on {later_agreed} of {len(rows)} "
+        f"workloads (with profiles kept, each of those starts from the first run's)"
+    )
     out.append(
         f"the same backend at the end of every run on {ended_agreed} of {len(rows)} "
         f"workloads (a first-ever run measures, later ones start from its profile)"

@@ -142,4 +142,13 @@ def test_stability_report_says_when_routes_differ():
     text = bench_cold.stability_report(runs, [cw.BY_NAME["repeated-arg"]])
     assert "DIFFER: 2 x inline, 1 x inline > loky" in text
     assert "inline 776 > loky 4224" in text
-    assert "on 0 of 1 workloads" in text
+    assert "the same route in every run on 0 of 1 workloads" in text
+    assert "every run after the first on 0 of 1 workloads" in text
+    agreeing_later = [
+        run(0, {"fork": 9, "thread": 91}),
+        run(1, {"thread": 100}),
+        run(2, {"thread": 100}),
+    ]
+    text = bench_cold.stability_report(agreeing_later, [cw.BY_NAME["repeated-arg"]])
+    assert "the same route in every run on 0 of 1 workloads" in text
+    assert "every run after the first on 1 of 1 workloads" in text
