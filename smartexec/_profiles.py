@@ -631,10 +631,14 @@ def earlier_run_reason(profile: StoredProfile) -> str:
     send = f", {format_seconds(profile.send_s)} per {unit} to send" if profile.send_s > 0 else ""
     where = "earlier in this process" if profile.from_this_process else "in an earlier run"
     if profile.source == "submits":
-        head = f"measured by {profile.items} completed submits {where} ({when})"
-    else:
-        head = f"measured {where} ({when}, {profile.items} items)"
+        # Measured in process workers; the backend stored is where they moved.
+        return (
+            f"measured by {profile.items} completed submits {where} ({when}): "
+            f"{format_seconds(profile.per_item_s)} per call in process workers{send}{gil} "
+            f"-> its submits moved to {profile.backend}; a map re-checks it on its first chunks"
+        )
+    head = f"measured {where} ({when}, {profile.items} items)"
     return (
         f"{head}: {format_seconds(profile.per_item_s)} per {unit} on {profile.backend}"
-        f"{send}{gil}; re-checked by this map's first chunks"
+        f"{send}{gil}; a map re-checks it on its first chunks"
     )

@@ -210,6 +210,10 @@ THREADS_MUST_BE_SAFE = (
     '(prefer="processes" keeps a function that is not on processes)'
 )
 
+#: Seconds ``shutdown(wait=True)`` waits, at most, for submits parked while
+#: their callable's first calls run to be routed by those calls' figures.
+PARKED_WAIT_S = 30.0
+
 #: Seconds routing waits, at most, for busy library threads to go back to their
 #: wait (IPython's history thread writes after each cell), so that the route
 #: does not depend on the instant it was decided.
@@ -894,7 +898,9 @@ class SmartExecutor(Executor):
             return decision
         if stored.backend in ("thread", "inline") and decision.backend in ("fork", "loky"):
             why = (
-                "measured too cheap to send to processes"
+                "its submits' figures moved it there"
+                if stored.source == "submits"
+                else "measured too cheap to send to processes"
                 if stored.backend == "inline"
                 or (stored.gil is not None and stored.gil.kind == "holds")
                 else "no route was predicted faster there"
@@ -1215,6 +1221,7 @@ class SmartExecutor(Executor):
             if n <= 0:
                 return
             going = [entry.parked.popleft() for _ in range(n)]
+            self._moves_idle.notify_all()  # a shutdown may wait for the parked calls to go
             if n > 1 or done.cancelled() or done.exception() is not None:
                 # A thread of its own for many (the dispatcher completing
                 # this call would hand no chunk to an idle worker while it
@@ -1308,6 +1315,7 @@ class SmartExecutor(Executor):
             calls = list(entry.sent)
             parked = list(entry.parked)
             entry.parked.clear()
+            self._moves_idle.notify_all()  # a shutdown may wait for the parked calls to go
             # Counted as under way: shutdown() waits for it before the backends
             # stop, and no future's lock is taken under _moves_lock (a user's
             # cancel() holds its future's lock while its done-callbacks run,
@@ -2203,6 +2211,8 @@ class SmartExecutor(Executor):
                 kept = tuple(r for r in decision.reasons if not r.startswith("its last map: "))
                 if decision.backend in ("thread", "inline"):
                     kept = reasons_off_processes(kept)  # moved there on its figures
+                else:
+                    kept = measured_reasons(kept)  # measured: its figures follow
                 next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
                 self._decisions[key] = (cached[0], next_decision, cached[2])
 
@@ -2467,6 +2477,9 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
+        if wait and not cancel_futures:
+            self._let_parked_go()
+        with self._lock:
             parked = self._close_learning(cancel_futures)
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
@@ -2514,6 +2527,11 @@ class SmartExecutor(Executor):
         of a worker that died) is sent again before the backends shut
         down, and a failed item's error waits at its place in the results.
         Ctrl-C while it waits stops those maps' chunks, running ones too.
+        Submits still waiting unsent for their callable's first figures
+        (see :meth:`submit`) are routed by those figures first, as they
+        would have been before the shutdown (to threads, if they say so),
+        unless ``cancel_futures`` cancels them; ``wait=False`` sends them
+        on their process route at once.
         """
     )
 
@@ -2524,6 +2542,31 @@ class SmartExecutor(Executor):
             self.terminate()
             return False
         return super().__exit__(exc_type, exc_val, exc_tb)
+
+    def _let_parked_go(self) -> None:
+        """Wait (shutdown with ``wait``) until no submit waits unsent for its callable's figures.
+
+        Submits made in a ``with`` block and read after it: their first
+        calls complete meanwhile, and their figures route the waiting ones
+        (to threads, when they say so) as they would have before the
+        shutdown; sent on their process route at once instead, 100 sleeps
+        of 20 ms took 1.07 s against a ``ThreadPoolExecutor``'s 0.34 s. Ends
+        as soon as no parked call is left, or none can go (no call of its
+        callable on its way: then shutdown sends them). Not from a thread of
+        smartexec's (a done-callback run by a backend's thread, which may be
+        the one that completes calls), and never longer than
+        :data:`PARKED_WAIT_S`.
+        """
+        if threading.current_thread().name.startswith("smartexec-"):
+            return
+
+        def settled() -> bool:
+            return not self._movers and all(
+                not entry.parked or entry.in_flight <= 0 for entry in self._learning_calls.values()
+            )
+
+        with self._moves_lock:
+            self._moves_idle.wait_for(settled, timeout=PARKED_WAIT_S)
 
     def _close_learning(
         self, cancel: bool

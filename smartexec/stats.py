@@ -118,7 +118,8 @@ class BackendStats:
         elif per_chunk < 0.002:
             why = (
                 f"chunks are too small: {per_chunk * 1e3:.2f} ms of work each; a larger "
-                f"chunksize (or none: smartexec tunes it) amortises the per-chunk cost"
+                f"chunksize (or none: smartexec tunes it) amortises the per-chunk cost "
+                f"of a map, while each submit pays it for one call"
             )
         elif self.active_s < SHORT_ACTIVE_S:
             return None

@@ -421,7 +421,7 @@ def test_a_stored_profile_routes_a_new_executor_and_says_so():
         text = str(decision)
         assert "measured in an earlier run (" in text and "300 items" not in text
         assert "200 items): 4.0 ms per item on thread, GIL use: releases" in text
-        assert "re-checked by this map's first chunks" in text
+        assert "a map re-checks it on its first chunks" in text
         assert "computes without the GIL" in text
         estimate = ex._route(work)[1]
         assert (estimate.per_item_s, estimate.items, estimate.pickle_parent_s) == (0.004, 200, 0.0)

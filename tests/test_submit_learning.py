@@ -712,3 +712,34 @@ def test_a_dead_bound_methods_waiting_entry_goes_with_it():
         gc.collect()
         assert ref() is None
         assert not ex._learning_calls
+
+
+def test_submits_made_in_a_with_block_and_read_after_it_still_move_to_threads():
+    with SmartExecutor(2) as ex:
+        futures = [ex.submit(_sleeps_pid, 0.02) for _ in range(60)]
+    # Leaving the block is shutdown(wait=True): it let the first calls'
+    # figures route the waiting ones before it stopped the backends.
+    pids = [f.result(timeout=0) for f in futures]
+    assert pids.count(os.getpid()) >= 40, pids
+
+
+def _sleeps_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_shutdown_from_a_done_callback_does_not_wait_for_its_own_completions():
+    import threading
+
+    ex = SmartExecutor(2)
+    futures = [ex.submit(_sleeps_pid, 0.05) for _ in range(30)]
+    stopped = threading.Event()
+
+    def stop(_):
+        ex.shutdown(wait=True)  # on the thread that completes calls
+        stopped.set()
+
+    futures[0].add_done_callback(stop)
+    assert stopped.wait(60)
+    assert all(isinstance(f.result(timeout=60), int) for f in futures)
+    ex.shutdown()
