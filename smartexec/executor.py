@@ -1214,7 +1214,7 @@ class SmartExecutor(Executor):
                 return  # moved to threads by a verdict, or shut down
             entry.in_flight -= 1
             entry.completed += 1
-            if entry.completed >= MIN_CALLS:
+            if entry.completed >= MIN_CALLS or _interpreter_exiting:
                 n = len(entry.parked)
             else:
                 n = min(len(entry.parked), entry.window - entry.in_flight)
@@ -1222,7 +1222,12 @@ class SmartExecutor(Executor):
                 return
             going = [entry.parked.popleft() for _ in range(n)]
             self._moves_idle.notify_all()  # a shutdown may wait for the parked calls to go
-            if n > 1 or done.cancelled() or done.exception() is not None:
+            if _interpreter_exiting:
+                # A forgotten executor at exit: nothing can receive a result
+                # any more and no worker may start (the fork pools' exit hook
+                # cancels their queued chunks): cancelled, as those.
+                stranded = going
+            elif n > 1 or done.cancelled() or done.exception() is not None:
                 # A thread of its own for many (the dispatcher completing
                 # this call would hand no chunk to an idle worker while it
                 # pickles them: 2,400 calls took it 0.9 s).
@@ -1235,7 +1240,13 @@ class SmartExecutor(Executor):
                 helper.start()
                 self._movers.append(helper.ident)  # type: ignore[arg-type]
                 return
-            self._movers.append(threading.get_ident())
+            else:
+                self._movers.append(threading.get_ident())
+                stranded = []
+        if stranded:
+            for future, _send_it in stranded:
+                future.cancel()
+            return
         self._send_all_parked(entry, going)
 
     def _send_all_parked(
@@ -1250,7 +1261,7 @@ class SmartExecutor(Executor):
         """
         try:
             for future, send in going:
-                if self._moves_closed and self._closing_cancels:
+                if (self._moves_closed and self._closing_cancels) or _interpreter_exiting:
                     future.cancel()
                 else:
                     self._send_parked(entry, future, send)
@@ -1302,7 +1313,7 @@ class SmartExecutor(Executor):
         """
         key = identity_key(fn)
         with self._moves_lock:
-            if self._moves_closed:
+            if self._moves_closed or _interpreter_exiting:  # at exit: no new thread
                 return 0
             entry = self._learning_calls.get(key)
             thread = self._backends.get("thread")
@@ -2557,7 +2568,7 @@ class SmartExecutor(Executor):
         the one that completes calls), and never longer than
         :data:`PARKED_WAIT_S`.
         """
-        if threading.current_thread().name.startswith("smartexec-"):
+        if _interpreter_exiting or threading.current_thread().name.startswith("smartexec-"):
             return
 
         def settled() -> bool:

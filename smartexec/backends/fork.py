@@ -87,6 +87,9 @@ MAX_STRONG_SHARED = 8
 
 _LIVE_POOLS: weakref.WeakSet[_ForkPool] = weakref.WeakSet()
 
+#: Set once the exit hook (:func:`_shutdown_all_pools`) has begun: no new pool starts.
+_EXITING = False
+
 
 class _Joined:
     """Stands in for a pool's dispatcher thread once it was joined at shutdown.
@@ -1607,6 +1610,10 @@ class ForkBackend(Backend):
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             pool = self._pool
+            if _EXITING and (pool is None or not pool.usable):
+                # The exit hook stops the pools: a pool forked now would
+                # outlive it, and hold the exit until its workers end.
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
             if (
                 pool is None
                 or not pool.usable
@@ -1776,6 +1783,8 @@ def _shutdown_all_pools() -> None:
     running chunks get :data:`STOP_TIMEOUT_S` seconds, and workers still
     busy are then killed: a forgotten ``shutdown()`` never holds the exit.
     """
+    global _EXITING
+    _EXITING = True
     for pool in list(_LIVE_POOLS):
         if pool._pid != os.getpid():
             continue
