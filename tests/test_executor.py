@@ -478,6 +478,10 @@ def test_asyncio_calls_cancelled_before_they_start_never_run(tmp_path, backend):
         for call in calls:
             call.cancel()  # asyncio cancels the executor's future in turn
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        # asyncio cancels each executor future in a callback of its own,
+        # which may run after gather() has returned (seen on 3.13): the gate
+        # opens, freeing the workers, only once every one has run.
+        await asyncio.sleep(SETTLE_S)
         open(gate, "w").close()
         await asyncio.gather(*blockers)
         return outcomes
