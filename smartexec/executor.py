@@ -408,6 +408,7 @@ class _LearningCalls:
             fewer than ``MIN_CALLS`` have completed (:func:`send_ahead`).
         in_flight: calls sent and not completed.
         completed: calls that completed (any outcome, cancelled included).
+        key: the callable's identity key; handle: a weak handle to it.
     """
 
     __slots__ = ("key", "decision", "sent", "parked", "window", "in_flight", "completed", "handle")
@@ -1140,16 +1141,17 @@ class SmartExecutor(Executor):
         entry = self._learning_calls.get(key)
         if entry is None or not entry.handle.matches(fn):
             calls = self._learning_calls  # the weakref callback must not hold self
-            entry = _LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn))
-            made = entry
+            made: list[_LearningCalls] = []
 
             def forget() -> None:
                 # May run in the garbage collector while a thread holds
                 # _moves_lock: dict calls are atomic, so no lock here.
-                if calls.get(key) is made:
+                if made and calls.get(key) is made[0]:
                     calls.pop(key, None)
 
-            entry.handle = WeakCallable(fn, forget)  # its calls die with it
+            # Its calls die with it.
+            entry = _LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn, forget))
+            made.append(entry)
             calls[key] = entry
         return entry
 
