@@ -621,7 +621,17 @@ class CachedCallable:
 
 
 class _Entry:
-    __slots__ = ("cache", "key", "handle", "ref", "segments", "pins", "retired", "pickle_len")
+    __slots__ = (
+        "cache",
+        "key",
+        "handle",
+        "ref",
+        "segments",
+        "pins",
+        "retired",
+        "pickle_len",
+        "views",
+    )
 
     def __init__(
         self, cache: ObjectCache, key: int, handle: WeakCallable, ref: CachedRef, pickle_len: int
@@ -636,6 +646,45 @@ class _Entry:
         #: Bytes of the pickle stream at the start of the stream segment
         #: (what follows is the wire format's header).
         self.pickle_len = pickle_len
+        #: Read-only maps of what was sent (stream, then buffers), made by the
+        #: first proof and kept until the segments are freed: mapping 20 MiB
+        #: afresh at each proof cost its page faults again (~2 of its ~3 ms).
+        self.views: list[memoryview] | None = None
+
+    def sent_views(self) -> list[memoryview]:
+        """Maps of the segments' bytes as sent, stream first; attached once, then kept.
+
+        Raises:
+            OSError, ValueError: a segment is gone (see :func:`smartexec._shm.attach`).
+        """
+        if self.views is None:
+            views: list[memoryview] = []
+            try:
+                for name, nbytes in [(self.ref.stream[0], self.pickle_len), *self.ref.buffers]:
+                    if nbytes:
+                        views.append(_shm.attach(name, nbytes, private=True))
+                    else:
+                        views.append(memoryview(b""))
+            except BaseException:
+                _release_views(views)
+                raise
+            self.views = views
+        return self.views
+
+    def release_views(self) -> None:
+        """Unmap what :meth:`sent_views` mapped."""
+        views, self.views = self.views, None
+        if views is not None:
+            _release_views(views)
+
+
+def _release_views(views: list[memoryview]) -> None:
+    for view in views:
+        mapping = view.obj
+        view.release()
+        close = getattr(mapping, "close", None)
+        if close is not None:
+            close()
 
 
 def _describe(obj: Any) -> str:
@@ -866,7 +915,8 @@ class ObjectCache:
         workers read. Costs one pickling of the in-band state plus reading
         both copies of the buffers (~3 GB/s), against a copy into shared
         memory (~1 GB/s with page faults) and an unpickling in each worker to
-        send it again. Any doubt (pickling fails or differs, a segment is
+        send it again. The segments stay mapped here from the first proof on
+        (:meth:`_Entry.sent_views`), so later proofs fault no pages in. Any doubt (pickling fails or differs, a segment is
         gone) answers False: the state is sent again.
         """
         try:
@@ -877,21 +927,12 @@ class ObjectCache:
             nbytes for _, nbytes in entry.ref.buffers
         ]:
             return False
-        sent = [(entry.ref.stream[0], entry.pickle_len), *entry.ref.buffers]
-        for (name, nbytes), mine in zip(sent, [memoryview(stream), *buffers]):
-            if nbytes == 0:
-                continue
-            try:
-                view = _shm.attach(name, nbytes, private=True)
-            except (OSError, ValueError):
-                return False
-            mapping = view.obj
-            try:
-                same = _fingerprint.same_bytes(view, mine)
-            finally:
-                view.release()
-                mapping.close()  # type: ignore[attr-defined]
-            if not same:
+        try:
+            views = entry.sent_views()
+        except (OSError, ValueError):
+            return False
+        for view, mine in zip(views, [memoryview(stream), *buffers]):
+            if view.nbytes and not _fingerprint.same_bytes(view, mine):
                 return False
         return True
 
@@ -962,6 +1003,7 @@ class ObjectCache:
                 self._free(entry)
 
     def _free(self, entry: _Entry) -> None:
+        entry.release_views()
         if self._live.pop(entry.key, None) is None:
             return
         for name in entry.segments:

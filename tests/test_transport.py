@@ -536,6 +536,29 @@ def test_a_changed_argument_is_sent_again_and_an_unchanged_one_reused():
     assert ours() == set()
 
 
+def test_proofs_map_what_was_sent_once_and_unmap_it_with_the_entry():
+    cache = transport.ObjectCache()
+    array = np.zeros(BIG // 8 + 1)
+    try:
+        _, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
+        (entry,) = cache._live.values()
+        assert entry.views is None  # nothing proven yet
+        _, lease2 = request(add, [((array, 0), {})], cache)
+        views = entry.views
+        assert views is not None and len(views) == 1 + len(entry.ref.buffers)
+        _, lease3 = request(add, [((array, 0), {})], cache)
+        assert entry.views is views and set(cache._live) == {entry.key}  # mapped once
+        array[3] = 1.0  # a change is still seen through the kept maps
+        _, lease4 = request(add, [((array, 0), {})], cache)
+        assert entry.key not in cache._live or entry.retired
+        for held in (lease, lease2, lease3, lease4):
+            held.release()
+        assert entry.views is None  # freed with its segments
+    finally:
+        cache.close()
+    assert ours() == set()
+
+
 def test_an_argument_is_unpickled_afresh_for_each_request():
     cache = transport.ObjectCache()
     rows = list(range(300_000))
