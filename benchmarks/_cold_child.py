@@ -139,16 +139,16 @@ def _run_submit(contender: str, fn: Any, iterables: tuple[list[Any], ...]) -> An
     return time.perf_counter() - start, results, ex if contender == "smartexec" else None
 
 
-_PREDICTED = re.compile(r"predicted for the (\d+) items left: (.*?) -> ")
+_PREDICTED = re.compile(r"predicted for the (\d+) items (?:left|not sent yet): (.*?) -> ")
 
 
 def _prediction(decisions: Any) -> dict[str, Any] | None:
     """What the map's settling decision predicted for the route it ended on.
 
     ``{"left": items left then, "route": ..., "seconds": predicted for them}``,
-    from the reason ``explain()`` shows ("predicted for the N items left:
-    fork 0.47 s, thread 0.16 s -> the rest moves to thread"); None when the
-    map settled on no prediction.
+    from the reason ``explain()`` shows ("predicted for the N items not sent
+    yet: fork 0.47 s, thread 0.16 s -> the rest moves to thread"; "items
+    left" in older wording); None when the map settled on no prediction.
     """
     for decision in reversed(decisions):
         for reason in decision.reasons:

@@ -144,8 +144,10 @@ class Evidence:
     wall_chunks: int = 0
     cpu_total_s: float = 0.0
     #: A verdict to stay was acted on (noted, saved) while :meth:`recheck_stay`
-    #: still wanted more chunks: only a move may follow.
+    #: still wanted more chunks: a move may follow, or the stay's last look.
     stay_noted: bool = False
+    #: The executor's log entry for that stay, which its last look replaces.
+    stay_note: Any = None
 
     def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
         """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
@@ -186,20 +188,24 @@ class Evidence:
         return self.kind is not None
 
     def recheck_stay(self) -> bool:
-        """Whether a verdict to stay, reached now, should wait for more chunks.
+        """Whether a verdict to stay, reached now, should be taken again at later chunks.
 
-        Cheap items (under :data:`CHEAP_ITEM_S`) decide early (see
-        :meth:`ready`), from chunks that are each worker's first: a fresh
-        worker's first few hundred calls pay for cold caches and the pages
-        it copies after the fork (2-15x the steady figure: 252 calls of a
-        0.4 us function read 2-15 us each, 2-core machine), which prices a
-        loop here near the cost of sending and reads as a near-tie. A near-
-        tie from such chunks is noted (the profile saved, the next maps
-        routed) and taken again once :data:`MAX_SAMPLES` chunks are in
-        (bigger, later ones, which weigh more), when it may still become a
-        move; a move is acted on at once. A map moves at most once.
+        Every map decides early (see :meth:`ready`), from chunks that are
+        each worker's first, and a fresh worker's first calls pay for what
+        later ones do not: cold caches and the pages it copies after the
+        fork (2-15x the steady figure: 252 calls of a 0.4 us function read
+        2-15 us each, 2-core machine), the imports and module-level set-up
+        the callable does on first use (sha256 of a 4 MiB block a worker
+        builds at its first call read 20 ms an item, 2.35 ms steady:
+        explain() predicted 2.4 s for a 0.3 s map). So a stay is noted
+        (the profile saved, the next maps routed) and taken again at each
+        result until :data:`MAX_SAMPLES` chunks are in (bigger, later ones,
+        which weigh more): it may still become a move (a near-tie of cheap
+        items priced by cold workers, against a loop here), or it stays
+        with the later figures, which replace the first ones. A move is
+        acted on at once. A map moves at most once.
         """
-        return len(self.per_item) < MAX_SAMPLES and self.per_item_s < CHEAP_ITEM_S
+        return len(self.per_item) < MAX_SAMPLES
 
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""

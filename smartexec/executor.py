@@ -2123,12 +2123,17 @@ class SmartExecutor(Executor):
             rest=stream.remaining,
             cpus=cpus,
         )
-        # A stay from a cheap map's first chunks is noted now (a map that ends
-        # early still leaves its profile) and taken again at later results,
-        # at the latest once all is sent: it may become a move, never a second stay.
+        # A stay from the first chunks is noted now (a map that ends early
+        # still leaves its profile) and taken again at later results, until
+        # MAX_SAMPLES chunks are in or all is sent: it may become a move; a
+        # stay again only replaces the first one's figures (workers' first
+        # calls, which pay for imports and cold caches, weigh less by then).
         keep_watching = verdict.target is None and not stream.input_read and evidence.recheck_stay()
+        replaces = None
         if verdict.target is None and evidence.stay_noted:
-            return not keep_watching
+            if keep_watching:
+                return False
+            replaces = evidence.stay_note
         ended = decision
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
@@ -2189,7 +2194,14 @@ class SmartExecutor(Executor):
                     said += (THREADS_MUST_BE_SAFE,)
                 self._note(moved, estimate, verdict.target, said, new, measured=True)
         else:
-            self._note(decision, estimate, backend.name, (verdict.reason,), measured=True)
+            evidence.stay_note = self._note(
+                decision,
+                estimate,
+                backend.name,
+                (verdict.reason,),
+                measured=True,
+                replaces=replaces,
+            )
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
@@ -2466,11 +2478,15 @@ class SmartExecutor(Executor):
         stream: ChunkStream | None = None,
         *,
         measured: bool = False,
-    ) -> None:
+        replaces: Decision | None = None,
+    ) -> Decision:
         """Log what a map did, with its measured figures, before the policy's reasons.
 
         ``measured``: the figures come from the map's own items, so the
         policy's "not measured yet" is no longer true and is left out.
+        ``replaces``: an entry this map logged before (a stay whose figures
+        are now taken again), replaced in place rather than followed: a map
+        keeps one entry. Returns the entry logged.
         """
         size = stream.sizes[0] if stream is not None and stream.sizes else None
         done = dataclasses.replace(
@@ -2485,7 +2501,15 @@ class SmartExecutor(Executor):
             measure=False,
         )
         estimate.last_map = done
-        self._log.append(done)
+        log = self._log
+        if replaces is not None:
+            with self._lock:
+                for i in range(len(log) - 1, -1, -1):
+                    if log[i] is replaces:
+                        log[i] = done
+                        return done
+        log.append(done)  # new, or the entry it replaces has left the log
+        return done
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

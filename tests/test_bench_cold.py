@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 
+import _cold_child  # noqa: E402
 import _cold_workloads as cw  # noqa: E402
 import bench_cold  # noqa: E402
 
@@ -90,6 +91,23 @@ def test_a_real_child_reports_its_time_digest_and_smartexec_routes():
     assert sum(smart.routes["items"].values()) == 5  # sleep x 100, scale 0.05
     assert bench_cold.route_key(smart) != "?"
     assert not smart.leftover_processes and not smart.leftover_shm
+
+
+@pytest.mark.timeout(60)
+def test_the_settling_prediction_is_read_from_explains_own_words():
+    # The benchmark checks explain()'s prediction against the run (issue 14,
+    # item 8) by reading the settling decision's text: a change of wording
+    # must not silently leave it with nothing to check.
+    from smartexec import SmartExecutor
+
+    with SmartExecutor(max_workers=2) as ex:
+        assert list(ex.map(cw.python_loop, [20_000] * 60)) == [cw.python_loop(20_000)] * 60
+        decisions = ex.decisions()
+    predicted = _cold_child._prediction(decisions)
+    text = "\n".join(map(str, decisions))
+    assert predicted is not None, text
+    assert predicted["route"] in ("fork", "thread", "inline", "loky"), predicted
+    assert 0 < predicted["left"] < 60 and predicted["seconds"] > 0, predicted
 
 
 @pytest.mark.timeout(120)

@@ -162,9 +162,24 @@ def test_cheap_items_priced_by_cold_workers_are_taken_again_with_more_chunks():
     assert later.target == "inline", later.reason
 
 
-def test_only_cheap_items_wait_to_take_a_stay_again():
+def test_a_stay_is_taken_again_until_enough_chunks_are_in():
     found = evidence(HOLDS, HOLDS, per_item_s=0.01)
-    assert found.ready() and not found.recheck_stay()
+    assert found.ready() and found.recheck_stay()
+    while len(found.per_item) < MAX_SAMPLES:
+        found.add(4, 0.04, 0.04, None)
+    assert not found.recheck_stay()
+
+
+def test_the_first_calls_warm_up_weighs_little_once_more_chunks_are_in():
+    # sha256 of a block each worker builds at its first call: each worker's
+    # first (one-item) chunk read ~20 ms an item, later ones 2.35 ms.
+    found = Evidence(2)
+    found.add(1, 0.022, 0.022, None)
+    found.add(1, 0.021, 0.021, None)
+    early = found.per_item_s
+    while len(found.per_item) < MAX_SAMPLES:
+        found.add(6, 6 * 0.00235, 6 * 0.00235, None)
+    assert early > 0.02 and found.per_item_s < 1.3 * 0.00235
 
 
 def test_a_near_tie_stays():
