@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from ._remote import Call, ChunkResult, run_chunk
 from .errors import TaskTimeoutError, WorkerCrashedError
-from .transport import SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
+from .transport import BIG_BUFFER_BYTES, SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
 from .tuning import (
     MAX_CHUNK_ITEMS,
     PROBE_S,
@@ -61,6 +61,7 @@ __all__ = [
     "read_up_to",
     "default_buffersize",
     "common_length",
+    "dear_to_send",
     "SendableChain",
     "count_at_end",
     "drain",
@@ -774,6 +775,36 @@ PICKLE_SAMPLE = 64
 #: measure_pickling stops sampling once this many seconds were spent: enough
 #: to time a copy, and no more (64 items of 4 MiB bytes took 60 ms in one go).
 PICKLE_SAMPLE_S = 0.005
+
+
+def dear_to_send(iterables: tuple[Iterable[Any], ...]) -> bool:
+    """Whether a map's items carry big arguments of their own (each item sends its own copy).
+
+    Looks at the first item of inputs that are lists or tuples (others
+    cannot be looked at without reading them): True when one of its
+    arguments pickles to :data:`~smartexec.transport.BIG_BUFFER_BYTES` or
+    more and is not the very object the second item holds there (the same
+    array in every call goes to each worker once, see
+    :class:`~smartexec.transport.ObjectCache`). Sizing counts a numpy
+    array's bytes without copying them; an argument that cannot be pickled
+    answers False (sending it will raise the clear error).
+    """
+    from .inspection import payload_size
+
+    firsts: list[Any] = []
+    seconds: list[Any] = []
+    for iterable in iterables:
+        if not isinstance(iterable, (list, tuple)) or not iterable:
+            return False
+        firsts.append(iterable[0])
+        seconds.append(iterable[1] if len(iterable) > 1 else None)
+    for first, second in zip(firsts, seconds):
+        if first is second:
+            continue
+        size = payload_size(first, cap_bytes=BIG_BUFFER_BYTES)
+        if size.error is None and (size.capped or size.nbytes >= BIG_BUFFER_BYTES):
+            return True
+    return False
 
 
 def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) -> None:

@@ -40,6 +40,7 @@ from ._mapping import (
     as_generator,
     common_length,
     count_at_end,
+    dear_to_send,
     default_buffersize,
     drain,
     inline_batches,
@@ -1680,8 +1681,23 @@ class SmartExecutor(Executor):
             and self._options.prefer is None
         )
         if tunable and not loop_here and not self._allow_inline:
+            dear = (
+                not backend.shares_memory
+                and estimate.per_item_s is None
+                and buffersize is None
+                and dear_to_send(iterables)
+            )
             return self._routed_map(
-                fn, decision, estimate, backend, inputs, remaining, buffersize, end_time, ordered
+                fn,
+                decision,
+                estimate,
+                backend,
+                inputs,
+                remaining,
+                buffersize,
+                end_time,
+                ordered,
+                dear=dear,
             )
 
         # Callables shared by copy-on-write never run here: their writes to
@@ -1910,6 +1926,7 @@ class SmartExecutor(Executor):
         buffersize: int | None,
         end_time: float | None,
         ordered: bool = True,
+        dear: bool = False,
     ) -> Iterator[Any]:
         """A map that starts on ``backend`` at once and may move once, on evidence.
 
@@ -1919,6 +1936,11 @@ class SmartExecutor(Executor):
         the map moves to a route :func:`~smartexec._rerouting.reroute`
         predicts clearly faster (the chunks already sent finish where they
         are), and the callable's next maps start where this one ended.
+        ``dear``: each item carries big arguments of its own
+        (:func:`~smartexec._mapping.dear_to_send`): one item per worker goes
+        first, and the rest waits for their figures, so that a map the
+        figures move to threads has not copied a window of them to the
+        workers first.
         """
         gil = decision.gil
         if (
@@ -2012,6 +2034,12 @@ class SmartExecutor(Executor):
             # be under way before the figures move the rest. Two small chunks
             # first; the full window only if the map stays.
             probe = (max(1, min(2, backend.max_workers)), CHEAP_ITEMS)
+        elif dear and not backend.shares_memory:
+            # Sending is most of the cost of such items (a 16 MiB array: ~5
+            # ms each, 24-50 ms under load), and the window would send six
+            # before the first figures: the 64-array einsum map sent 7 to
+            # fork (0.26 s of sending, loaded machine) before it moved to threads.
+            probe = (max(1, backend.max_workers), 1)
         stream = self._open_stream(
             fn,
             decision,

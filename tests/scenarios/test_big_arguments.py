@@ -111,3 +111,49 @@ def test_peak_shared_memory_is_bounded_by_the_window():
     # 4 chunks in flight, one more sent before each wait (Python 3.14's
     # buffersize), 1 being sent
     assert 0 < peak[0] <= 6 * size, peak[0] / MiB
+
+
+def test_items_with_big_arguments_of_their_own_send_one_per_worker_first(monkeypatch):
+    # Sending is most of such a map's first cost: before the first figures
+    # (which may move the rest to threads), one item per worker, not a window.
+    from smartexec import executor as executor_module
+
+    sent: list[int] = []
+    real = executor_module._send
+
+    def counting(backend, target, calls, *args, **kwargs):
+        sent.append(len(calls))
+        return real(backend, target, calls, *args, **kwargs)
+
+    monkeypatch.setattr(executor_module, "_send", counting)
+    arrays = [np.full(2 * MiB // 8, i, dtype=np.float64) for i in range(8)]
+    with SmartExecutor(2) as ex:
+        assert ex.explain(total).backend == "fork"  # unmeasured: it may hold the GIL
+        results = ex.map(total, arrays)
+        assert sent == [1, 1]  # the window waits for their figures
+        assert list(results) == [float(a.sum()) for a in arrays]
+    sent.clear()
+    one = np.ones(2 * MiB // 8)
+    with SmartExecutor(2) as ex:
+        results = ex.map(doubled_total, [one] * 8)  # the same array: sent once per worker
+        assert sent == [1] * 6  # the whole first window
+        assert list(results) == [2.0 * one.size] * 8
+    assert ours() == set()
+
+
+def doubled_total(a):
+    return float((a * 2).sum())
+
+
+def test_which_items_are_dear_to_send():
+    from smartexec._mapping import dear_to_send
+
+    big = [np.zeros(2 * MiB // 8), np.ones(2 * MiB // 8)]
+    assert dear_to_send((big,))
+    assert dear_to_send((big[:1],))  # one item, big
+    assert dear_to_send(([1, 2], big))  # a second argument carries it
+    assert not dear_to_send(([big[0]] * 2,))  # the same object each call
+    assert not dear_to_send((iter(big),))  # not looked into: it would be read
+    assert not dear_to_send(([1, 2],))
+    assert not dear_to_send(([],))
+    assert dear_to_send((["x" * (2 * MiB), "y"],))
