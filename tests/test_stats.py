@@ -188,3 +188,28 @@ def test_many_chunksizes_are_summed_up():
     text = str(stats)
     assert "1 x50, 2 x50, 3 x50" in text and "and 291 other sizes" in text
     assert text.count(" x") == 8
+
+
+def test_calls_and_chunks_on_one_backend_count_each_active_second_once():
+    # Submits that moved to threads run as chunks while parked ones run there
+    # as plain calls: counted apart, the two overlapping spells read 2.67 s
+    # active in a 1.4 s with-block (and a false "workers waited" warning).
+    from concurrent.futures import Future
+
+    from smartexec.stats import StatsRecorder
+
+    recorder = StatsRecorder()
+    record = recorder.call_recorder("thread", 6)
+    chunk: Future = Future()
+    start = time.perf_counter()
+    recorder.track("thread", 6, 1, chunk, 0.0)
+    for _ in range(3):  # calls that overlap the chunk in flight
+        began = time.perf_counter()
+        time.sleep(0.01)
+        record(began, time.perf_counter())
+    time.sleep(0.01)
+    chunk.set_running_or_notify_cancel()
+    chunk.set_result(None)
+    wall = time.perf_counter() - start
+    active = recorder.snapshot().backends["thread"].active_s
+    assert 0.03 <= active <= wall + 1e-6, (active, wall)
