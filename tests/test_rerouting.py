@@ -79,10 +79,21 @@ def test_predictions():
     assert predict_s("thread", kind="holds", workers=6, **common) == pytest.approx(1.5)  # turns
     assert predict_s("thread", kind="waits", workers=6, **common) == pytest.approx(1 / 6)
     assert predict_s("thread", kind="releases", workers=6, **common) == pytest.approx(0.5)
-    assert predict_s("fork", kind="holds", workers=2, **common) == pytest.approx(0.5)
-    # the parent's sending bounds a process route
+    assert predict_s("fork", kind="holds", workers=2, **common) == pytest.approx(0.5, rel=1e-3)
+    # the parent's sending bounds a process route ...
     sending = dict(common, send_s=0.02)
-    assert predict_s("fork", kind="releases", workers=2, **sending) == pytest.approx(2.0002)
+    assert predict_s("fork", kind="holds", workers=2, **dict(sending, cpus=8)) == pytest.approx(
+        2.0002
+    )
+    # ... and where the workers use every CPU, both ends' sending takes CPU
+    # from them: the items' CPU plus twice the sending, over the CPUs
+    assert predict_s("fork", kind="releases", workers=2, **sending) == pytest.approx(
+        (1.0 + 2 * 2.0002) / 2
+    )
+    # waiting items use no CPU: only the sending counts there
+    assert predict_s("fork", kind="waits", workers=2, **dict(sending, per_item_s=0.05)) == (
+        pytest.approx(2.5)
+    )
     # an item that keeps both cores busy leaves room for one at a time
     assert predict_s("thread", kind="releases", workers=6, cores=2.0, **common) == 1.0
 
@@ -150,14 +161,14 @@ def test_cheap_items_priced_by_cold_workers_are_taken_again_with_more_chunks():
     found.add(252, 252 * 3.2e-6, 252 * 3.2e-6, None)
     candidates = {"fork": (2, 0.0), "thread": (6, 0.0), "inline": (1, 0.0)}
     early = reroute(
-        found, current="fork", candidates=candidates, send_s=1.5e-6, rest=199_000, cpus=2
+        found, current="fork", candidates=candidates, send_s=0.5e-6, rest=199_000, cpus=2
     )
     assert found.ready() and early.target is None and found.recheck_stay()
     while len(found.per_item) < MAX_SAMPLES:  # warm workers, bigger chunks
         found.add(2835, 2835 * 1e-7, 2835 * 1e-7, None)
     assert not found.recheck_stay()
     later = reroute(
-        found, current="fork", candidates=candidates, send_s=1.5e-6, rest=170_000, cpus=2
+        found, current="fork", candidates=candidates, send_s=0.5e-6, rest=170_000, cpus=2
     )
     assert later.target == "inline", later.reason
 
@@ -189,7 +200,8 @@ def test_a_near_tie_stays():
         found,
         current="fork",
         candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
-        send_s=0.01 / 2 * (SWITCH_GAIN - 0.1),
+        # both ends' sending over the 2 CPUs: fork = 1000 x (0.01 + 2 x send) / 2
+        send_s=0.01 / 2 * (SWITCH_GAIN - 1.1) - 2e-6,
         rest=1000,
         cpus=2,
     )
@@ -200,10 +212,11 @@ def test_an_exact_tie_is_not_called_the_fastest():
     tie = reroute(
         evidence(RELEASES, RELEASES, per_item_s=0.0025),
         current="fork",
-        candidates={"fork": (2, 0.0), "thread": (6, 0.0)},
+        # 2 fork workers on 4 CPUs: the sending has CPUs of its own
+        candidates={"fork": (2, 0.0), "thread": (2, 0.0)},
         send_s=1e-6,
         rest=160,
-        cpus=2,
+        cpus=4,
     )
     assert tie.target is None and tie.predicted["fork"] == tie.predicted["thread"]
     assert "no route is predicted faster" in tie.reason and "is fastest" not in tie.reason
