@@ -278,6 +278,20 @@ def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) ->
         yield item
 
 
+def _finish_then_shut_down(streams: list[ChunkStream], backends: list[Backend]) -> None:
+    """What ``shutdown(wait=False)`` leaves to a thread: finish ``streams``, then shut ``backends`` down."""
+    try:
+        for stream in streams:
+            stream.finish()
+    except BaseException:  # pragma: no cover - finish() keeps the chunks' errors
+        for stream in streams:
+            stream.abort()
+        raise
+    finally:
+        for backend in backends:
+            backend.shutdown(wait=False)
+
+
 def _release_backends(backends: dict[str, Backend]) -> None:
     """Shut down (without waiting) the backends of an executor that was dropped."""
     for backend in list(backends.values()):
@@ -654,6 +668,8 @@ class SmartExecutor(Executor):
         #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
         #: stream, and whether the rest of its input is sent too.
         self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
+        #: The thread a shutdown(wait=False) left finishing maps (see shutdown).
+        self._finisher: threading.Thread | None = None
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         # Completed submits' figures (smartexec._submit_learning) move later
@@ -2542,8 +2558,11 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
+            finisher = self._finisher
         if wait and not cancel_futures:
             self._let_parked_go()
+        if wait and finisher is not None and finisher is not threading.current_thread():
+            finisher.join()  # an earlier shutdown(wait=False) still finishing maps
         with self._lock:
             parked = self._close_learning(cancel_futures)
             backends = list(self._backends.values())
@@ -2553,11 +2572,15 @@ class SmartExecutor(Executor):
         self._finish_learning(parked, cancel_futures)
         streams = [stream for stream, _ in unsent]
         try:
-            if wait and not cancel_futures:
+            if not cancel_futures:
+                # As the stdlib's map submits every item when called, every
+                # item runs, the results readable after the shutdown, waited
+                # for or not.
                 for stream, send_rest in unsent:
                     stream.on_cancel = None
                     if send_rest:
                         stream.send_rest()
+            if wait and not cancel_futures:
                 # The rest of a chunk stopped at its time budget, and a dead
                 # worker's items, are sent again only as a map is read: here,
                 # while the backends still take them.
@@ -2570,6 +2593,21 @@ class SmartExecutor(Executor):
             for backend in backends:
                 backend.shutdown(wait=False, cancel_futures=True)
             raise
+        unsettled = [stream for stream in streams if not stream.settled]
+        if not wait and not cancel_futures and unsettled:
+            # Those chunks finish whole as if waited for (what a worker left is
+            # sent again), then the backends shut down: in a thread of their
+            # own, not a daemon, so that an exit waits for them as it waits
+            # for the stdlib's pending work.
+            thread = threading.Thread(
+                target=_finish_then_shut_down,
+                args=(unsettled, backends),
+                name="smartexec-shutdown",
+            )
+            with self._lock:
+                self._finisher = thread
+            thread.start()
+            return
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
 
@@ -2578,12 +2616,16 @@ class SmartExecutor(Executor):
         + """
         smartexec adds: every backend this executor started is shut down;
         no worker process outlives a ``shutdown(wait=True)``. Idempotent.
-        ``map`` reads its input lazily, so ``shutdown(wait=True)`` (with no
-        ``cancel_futures``) first sends the items not yet sent of every map
-        over an input of known length (a list, a range) given no
-        ``buffersize`` and neither finished nor closed, iterated or not:
-        as with the stdlib, whose ``map`` submits them all when called,
+        ``map`` reads its input lazily, so ``shutdown()`` (with no
+        ``cancel_futures``, waiting or not) first sends the items not yet
+        sent of every map over an input of known length (a list, a range)
+        given no ``buffersize`` and neither finished nor closed, iterated or
+        not: as with the stdlib, whose ``map`` submits them all when called,
         every item runs, and the results can be read after the shutdown.
+        With ``wait=False`` a thread of its own (not a daemon: an exit waits
+        for it, as for the stdlib's pending work) then finishes those maps'
+        chunks as below and shuts the backends down; a later
+        ``shutdown(wait=True)`` waits for it.
         A map over an input of unknown length (a generator), or given a
         ``buffersize``, finishes only the chunks already sent, as 3.14's
         ``map`` with ``buffersize``; reading past them afterwards raises

@@ -61,6 +61,55 @@ def test_results_read_after_the_with_block(backend):
     assert list(half) == [x * x for x in range(10, 3000)]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_read_after_a_shutdown_that_does_not_wait(backend):
+    # The stdlib's map submitted every item: shutdown(wait=False) lets them
+    # run. Here 6 of 100 ran, and reading raised "cannot schedule new futures".
+    ex = SmartExecutor(2, backend=backend)
+    results = ex.map(square, range(100))
+    started = ex.map(square, range(3000))
+    assert next(started) == 0
+    ex.shutdown(wait=False)
+    assert list(results) == [x * x for x in range(100)]
+    assert list(started) == [x * x for x in range(1, 3000)]
+    ex.shutdown(wait=True)
+
+
+def test_a_map_dropped_before_a_shutdown_that_does_not_wait_runs_every_item(tmp_path):
+    from ._children import run_python
+
+    result = run_python(
+        f"""
+        from smartexec import SmartExecutor
+        from tests.test_map_shutdown import touch
+        ex = SmartExecutor(2)
+        ex.map(touch, [{str(tmp_path)!r}] * 200, range(200))
+        ex.shutdown(wait=False)
+        print("returned")
+        """,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "returned"
+    assert touched(tmp_path) == list(range(200))  # the exit waited for them
+
+
+def test_the_rest_of_a_chunk_stopped_at_its_budget_runs_after_a_shutdown_that_does_not_wait(
+    tmp_path,
+):
+    warm, folder = str(tmp_path / "warm"), str(tmp_path / "slow")
+    os.mkdir(warm)
+    os.mkdir(folder)
+    ex = SmartExecutor(2, backend="fork")
+    list(ex.map(spin_then_touch, [warm] * 200, range(200), [0.001] * 200))
+    results = ex.map(spin_then_touch, [folder] * 60, range(60), [0.03] * 60)
+    ex.shutdown(wait=False)
+    ex.shutdown(wait=True)  # waits for the first one's thread, which finished the map
+    assert touched(folder) == list(range(60))
+    assert list(results) == list(range(60))
+
+
 def test_a_generator_input_is_not_finished_at_shutdown():
     with SmartExecutor(2, backend="fork") as ex:
         results = ex.map(square, (x for x in range(5000)))  # its length is unknown...
