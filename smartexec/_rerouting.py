@@ -455,9 +455,9 @@ class Evidence:
         verdict = (
             ("agree" if n > 1 else "says") + f": {kind}"
             if kind is not None
-            else "disagree"
+            else "disagree on whether the GIL is held"
             if n > 1
-            else "(too few)"
+            else "too short alone to tell whether the GIL is held"
         )
         watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
         wanted = (
@@ -623,7 +623,7 @@ def reroute(
             for route, seconds in predicted_known.items()
         )
         why = (
-            "no GIL kind agreed"
+            "its GIL use is not settled yet"
             if kind is None
             else "no route is predicted faster"
             if tied

@@ -132,7 +132,7 @@ def test_no_move_on_disagreeing_watches_whatever_the_prediction():
         rest=1000,
         cpus=2,
     )
-    assert stay.target is None and "no GIL kind agreed" in stay.reason
+    assert stay.target is None and "its GIL use is not settled yet" in stay.reason
 
 
 def test_cheap_items_settle_without_a_gil_kind_and_may_move_to_a_loop():
