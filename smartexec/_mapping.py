@@ -205,6 +205,7 @@ class ChunkStream:
         #: (chunks still to send, results still to take, items per chunk) while probing
         self._probe = [probe[0], probe[0], probe[1]] if probe is not None else None
         self._window: collections.deque[_Slot] = collections.deque()
+        self._budgets = True  # chunks carry a time budget (see send_rest)
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
         self._input_error: BaseException | None = None  # raised after the chunks before it
@@ -246,7 +247,7 @@ class ChunkStream:
                 size = 1
             return min(size, MAX_CHUNK_ITEMS), None
         size = chunksize(per_item, self._workers, self.chunk_overhead_s, self._remaining)
-        return size, chunk_budget_s(per_item, size)
+        return size, chunk_budget_s(per_item, size) if self._budgets else None
 
     def _take(self, size: int) -> tuple[list[Call], BaseException | None]:
         """Read up to ``size`` calls; the items read before an input error come too.
@@ -526,14 +527,16 @@ class ChunkStream:
         self._exhausted = False
         self._refill()
 
-    def send_rest(self) -> None:
+    def send_rest(self, budgets: bool = True) -> None:
         """Send every item of the input not read yet now, whatever ``buffersize``.
 
         What :meth:`~smartexec.SmartExecutor.shutdown` does for a map it must
         finish: the stdlib's ``map`` submits every item when called, so its
         items all run, and its results can be read after the shutdown. An
         error of the input is kept, raised where the stream is read, after
-        the results before it.
+        the results before it. ``budgets=False`` sends the chunks with no
+        time budget: workers run them whole (nobody may be there to send a
+        stopped chunk's rest again).
         """
         with self._lock:
             if self.input_read:
@@ -542,6 +545,7 @@ class ChunkStream:
             # them, not one item each: nobody waits for a first result now.
             self._probe = None
             self._measure_first = False
+            self._budgets = budgets
             try:
                 self._refill(extra=sys.maxsize)
             except Exception as exc:

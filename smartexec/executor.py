@@ -278,20 +278,6 @@ def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) ->
         yield item
 
 
-def _finish_then_shut_down(streams: list[ChunkStream], backends: list[Backend]) -> None:
-    """What ``shutdown(wait=False)`` leaves to a thread: finish ``streams``, then shut ``backends`` down."""
-    try:
-        for stream in streams:
-            stream.finish()
-    except BaseException:  # pragma: no cover - finish() keeps the chunks' errors
-        for stream in streams:
-            stream.abort()
-        raise
-    finally:
-        for backend in backends:
-            backend.shutdown(wait=False)
-
-
 def _release_backends(backends: dict[str, Backend]) -> None:
     """Shut down (without waiting) the backends of an executor that was dropped."""
     for backend in list(backends.values()):
@@ -668,8 +654,6 @@ class SmartExecutor(Executor):
         #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
         #: stream, and whether the rest of its input is sent too.
         self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
-        #: The thread a shutdown(wait=False) left finishing maps (see shutdown).
-        self._finisher: threading.Thread | None = None
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         # Completed submits' figures (smartexec._submit_learning) move later
@@ -2237,7 +2221,7 @@ class SmartExecutor(Executor):
                 if verdict.target == "thread" and backend.name in ("fork", "loky"):
                     said += (THREADS_MUST_BE_SAFE,)
                 self._note(moved, estimate, verdict.target, said, new, measured=True)
-        else:
+        elif replaces is None or not stream.input_read:
             evidence.stay_note = self._note(
                 decision,
                 estimate,
@@ -2246,6 +2230,8 @@ class SmartExecutor(Executor):
                 measured=True,
                 replaces=replaces,
             )
+        # else: a last look once all was sent predicts nothing (no items left):
+        # the first one's words stay; its figures still go to the profile.
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
@@ -2261,7 +2247,8 @@ class SmartExecutor(Executor):
                     time.time(),
                 ),
             )
-        self._route_next(fn, ended, verdict.reason)
+        if replaces is None or not stream.input_read:
+            self._route_next(fn, ended, verdict.reason)
         if keep_watching:
             evidence.stay_noted = True
             return False
@@ -2558,11 +2545,8 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
-            finisher = self._finisher
         if wait and not cancel_futures:
             self._let_parked_go()
-        if wait and finisher is not None and finisher is not threading.current_thread():
-            finisher.join()  # an earlier shutdown(wait=False) still finishing maps
         with self._lock:
             parked = self._close_learning(cancel_futures)
             backends = list(self._backends.values())
@@ -2579,7 +2563,11 @@ class SmartExecutor(Executor):
                 for stream, send_rest in unsent:
                     stream.on_cancel = None
                     if send_rest:
-                        stream.send_rest()
+                        # Not waited for, the rest goes with no time budget:
+                        # the part of a chunk its worker stopped at one is
+                        # sent again as the map is read, once the backends
+                        # no longer take chunks.
+                        stream.send_rest(budgets=wait)
             if wait and not cancel_futures:
                 # The rest of a chunk stopped at its time budget, and a dead
                 # worker's items, are sent again only as a map is read: here,
@@ -2593,21 +2581,6 @@ class SmartExecutor(Executor):
             for backend in backends:
                 backend.shutdown(wait=False, cancel_futures=True)
             raise
-        unsettled = [stream for stream in streams if not stream.settled]
-        if not wait and not cancel_futures and unsettled:
-            # Those chunks finish whole as if waited for (what a worker left is
-            # sent again), then the backends shut down: in a thread of their
-            # own, not a daemon, so that an exit waits for them as it waits
-            # for the stdlib's pending work.
-            thread = threading.Thread(
-                target=_finish_then_shut_down,
-                args=(unsettled, backends),
-                name="smartexec-shutdown",
-            )
-            with self._lock:
-                self._finisher = thread
-            thread.start()
-            return
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
 
@@ -2622,10 +2595,11 @@ class SmartExecutor(Executor):
         given no ``buffersize`` and neither finished nor closed, iterated or
         not: as with the stdlib, whose ``map`` submits them all when called,
         every item runs, and the results can be read after the shutdown.
-        With ``wait=False`` a thread of its own (not a daemon: an exit waits
-        for it, as for the stdlib's pending work) then finishes those maps'
-        chunks as below and shuts the backends down; a later
-        ``shutdown(wait=True)`` waits for it.
+        With ``wait=False`` the rest is sent with no time budget, since
+        the part of a chunk a worker stops at one is sent again only as the
+        map is read (it is not, once the backends have shut down: a chunk
+        sent before the shutdown that runs past 4x its expected time fails
+        its unfinished items with ``RuntimeError`` there).
         A map over an input of unknown length (a generator), or given a
         ``buffersize``, finishes only the chunks already sent, as 3.14's
         ``map`` with ``buffersize``; reading past them afterwards raises

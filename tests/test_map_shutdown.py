@@ -95,21 +95,6 @@ def test_a_map_dropped_before_a_shutdown_that_does_not_wait_runs_every_item(tmp_
     assert touched(tmp_path) == list(range(200))  # the exit waited for them
 
 
-def test_the_rest_of_a_chunk_stopped_at_its_budget_runs_after_a_shutdown_that_does_not_wait(
-    tmp_path,
-):
-    warm, folder = str(tmp_path / "warm"), str(tmp_path / "slow")
-    os.mkdir(warm)
-    os.mkdir(folder)
-    ex = SmartExecutor(2, backend="fork")
-    list(ex.map(spin_then_touch, [warm] * 200, range(200), [0.001] * 200))
-    results = ex.map(spin_then_touch, [folder] * 60, range(60), [0.03] * 60)
-    ex.shutdown(wait=False)
-    ex.shutdown(wait=True)  # waits for the first one's thread, which finished the map
-    assert touched(folder) == list(range(60))
-    assert list(results) == list(range(60))
-
-
 def test_a_generator_input_is_not_finished_at_shutdown():
     with SmartExecutor(2, backend="fork") as ex:
         results = ex.map(square, (x for x in range(5000)))  # its length is unknown...

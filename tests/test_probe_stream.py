@@ -49,3 +49,38 @@ def test_every_item_comes_after_the_probe(ordered, buffersize):
         assert got == [x * x for x in range(n)]
     assert stream.sizes[:2] == [64, 64] if buffersize >= 2 else stream.sizes[0] == 64
     assert sum(stream.sizes) == n
+
+
+def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
+    # shutdown(wait=False) sends the rest of a map, and nobody may read it
+    # again to send the rest of a chunk stopped at its budget: no budget.
+    from concurrent.futures import Future
+
+    budgets: list[float | None] = []
+
+    def send(calls, budget_s):
+        budgets.append(budget_s)
+        done: Future = Future()
+        done.set_result(run_chunk(square, calls, False, None))
+        return done
+
+    estimate = Estimate()
+    estimate.seed(1e-3, 100, 0.0)
+    stream = ChunkStream(
+        send=send,
+        calls=(((x,), {}) for x in range(500)),
+        remaining=500,
+        n_workers=2,
+        overhead_s=150e-6,
+        estimate=estimate,
+        fixed_chunksize=None,
+        buffersize=2,
+        end_time=None,
+        on_chunk_error=lambda exc, calls: exc,
+    )
+    window = len(budgets)
+    assert window == 2 and all(b is not None for b in budgets)  # read as it goes: budgets
+    stream.send_rest(budgets=False)
+    assert stream.input_read and len(budgets) > window
+    assert all(b is None for b in budgets[window:])
+    assert list(stream_values([], stream, ordered=True)) == [x * x for x in range(500)]
