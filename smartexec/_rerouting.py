@@ -200,10 +200,11 @@ class Evidence:
         explain() predicted 2.4 s for a 0.3 s map). So a stay is noted
         (the profile saved, the next maps routed) and taken again at each
         result until :data:`MAX_SAMPLES` chunks are in (bigger, later ones,
-        which weigh more): it may still become a move (a near-tie of cheap
-        items priced by cold workers, against a loop here), or it stays
-        with the later figures, which replace the first ones. A move is
-        acted on at once. A map moves at most once.
+        which weigh more). Items under :data:`CHEAP_ITEM_S` may still move
+        then (a near-tie of cheap items priced by cold workers, against a
+        loop here); dearer ones keep their route, and the later figures
+        replace the first ones (see :func:`reroute`'s ``may_move``). A move
+        is acted on at once. A map moves at most once.
         """
         return len(self.per_item) < MAX_SAMPLES
 
@@ -555,6 +556,8 @@ def reroute(
     send_s: float,
     rest: int | None,
     cpus: int,
+    prior: GilKind | None = None,
+    may_move: bool = True,
 ) -> Reroute:
     """Whether the rest of a map should move from ``current`` to another route; pure.
 
@@ -569,6 +572,16 @@ def reroute(
             unknown (then counted as the items measured so far: a switch
             must pay for itself on no more than what was seen).
         cpus: usable CPUs.
+        prior: the GIL kind measured before (an earlier map, an earlier
+            run), for the figures only while these chunks agree on none: a
+            map on threads whose own figures are not settled yet was priced
+            as holding the GIL (1.5x a loop), 3x what it took.
+        may_move: False at a stay's later looks (see
+            :meth:`Evidence.recheck_stay`) for items over
+            :data:`CHEAP_ITEM_S`: their figures are refreshed, their route
+            kept. Near the end of a map, its chunks shrink, a cost paid per
+            chunk weighs more, and a move there (the last 192 of 5,000
+            items to a loop) would route the next run by its tail.
 
     Returns:
         A :class:`Reroute`; ``target`` is None unless another route is
@@ -577,6 +590,7 @@ def reroute(
         calling thread, whose prediction needs no GIL kind, also without).
     """
     kind = evidence.kind
+    priced = kind if kind is not None else prior  # the kind the figures are taken on
     left = evidence.items if rest is None else rest
     cores = 1.0
     if evidence.watches and current != "thread":
@@ -584,7 +598,7 @@ def reroute(
         # (its BLAS threads); on threads it is every worker thread's too.
         cores = statistics.median(w.cores for w in evidence.watches)
     per_item_s = evidence.per_item_s
-    if evidence.on_threads and kind == "releases" and evidence.cpu_per_item_s > 0:
+    if evidence.on_threads and priced == "releases" and evidence.cpu_per_item_s > 0:
         # Threads that release the GIL, more of them than cores: each
         # chunk's wall time holds its wait for a core (6 threads on 2 cores
         # read 3x, and explain() predicted 4.6x the run); its CPU is the work.
@@ -592,7 +606,7 @@ def reroute(
     predicted = {
         route: predict_s(
             route,
-            kind=kind,
+            kind=priced,
             per_item_s=per_item_s,
             send_s=send_s,
             rest=left,
@@ -604,6 +618,8 @@ def reroute(
         for route, (workers, startup_s) in candidates.items()
     }
     figures = ", ".join(f"{route} {seconds:.3f} s" for route, seconds in predicted.items())
+    if priced is not None and kind is None:
+        figures += f" (on the GIL use measured before: {priced})"
     here = predicted[current]
     if kind is None:
         # Only a loop's prediction, and a process route's, do not rest on the
@@ -632,6 +648,13 @@ def reroute(
         return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
     gain = here / max(predicted[best], 1e-9)
     saved = here - predicted[best]
+    if not may_move:
+        return Reroute(
+            None,
+            predicted,
+            f"{what} -> stays on {current} (its route was decided on its first chunks; "
+            f"{best} would gain {gain:.2f}x)",
+        )
     if gain < SWITCH_GAIN:
         return Reroute(
             None,

@@ -2150,6 +2150,8 @@ class SmartExecutor(Executor):
             send_s=send_s,
             rest=stream.remaining,
             cpus=cpus,
+            prior=decision.gil.kind if decision.gil is not None else None,
+            may_move=not evidence.stay_noted or evidence.per_item_s < CHEAP_ITEM_S,
         )
         # A stay from the first chunks is noted now (a map that ends early
         # still leaves its profile) and taken again at later results, until

@@ -443,3 +443,28 @@ def test_explain_says_one_watch_in_the_singular():
     found.add(1, 0.1, 0.1, None)
     assert found.kind == "holds"
     assert "1 GIL watch says: holds" in found.describe(), found.describe()
+
+
+def test_a_later_look_at_dear_items_refreshes_the_figures_and_keeps_the_route():
+    found = evidence(WAITS, WAITS, per_item_s=0.01)
+    args = dict(current="fork", candidates={"fork": (2, 0.0), "thread": (6, 0.0)})
+    first = reroute(found, send_s=1e-5, rest=90, cpus=2, **args)
+    later = reroute(found, send_s=1e-5, rest=90, cpus=2, may_move=False, **args)
+    assert first.target == "thread"
+    assert later.target is None and later.predicted == first.predicted
+    assert "decided on its first chunks" in later.reason
+
+
+def test_figures_taken_on_the_gil_use_measured_before_while_these_chunks_agree_on_none():
+    found = Evidence(2)
+    found.on_threads = True
+    found.add(1, 0.006, 0.002, None)  # 6 threads on 2 cores: wall 3x the CPU
+    found.add(1, 0.006, 0.002, None)
+    assert found.kind is None
+    args = dict(current="thread", candidates={"thread": (6, 0.0), "inline": (1, 0.0)})
+    unknown = reroute(found, send_s=0.0, rest=60, cpus=2, **args)
+    known = reroute(found, send_s=0.0, rest=60, cpus=2, prior="releases", **args)
+    assert unknown.predicted["thread"] > unknown.predicted["inline"]  # priced as holding it
+    assert known.predicted["thread"] == pytest.approx(60 * 0.002 / 2)
+    assert "measured before: releases" in known.reason
+    assert known.target is None  # no move on a kind these chunks did not agree on
