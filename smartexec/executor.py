@@ -2174,6 +2174,14 @@ class SmartExecutor(Executor):
             if keep_watching:
                 return False
             replaces = evidence.stay_note
+        # A last look with the input all sent, or with fewer items left than
+        # measured, predicts for a tail (chunks shrink there, a per-chunk cost
+        # weighs more): the first look's words stay; its figures still go to
+        # the profile.
+        reworded = replaces is None or (
+            not stream.input_read
+            and (stream.remaining is None or stream.remaining >= evidence.items)
+        )
         ended = decision
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
@@ -2233,7 +2241,7 @@ class SmartExecutor(Executor):
                 if verdict.target == "thread" and backend.name in ("fork", "loky"):
                     said += (THREADS_MUST_BE_SAFE,)
                 self._note(moved, estimate, verdict.target, said, new, measured=True)
-        elif replaces is None or not stream.input_read:
+        elif reworded:
             evidence.stay_note = self._note(
                 decision,
                 estimate,
@@ -2242,8 +2250,6 @@ class SmartExecutor(Executor):
                 measured=True,
                 replaces=replaces,
             )
-        # else: a last look once all was sent predicts nothing (no items left):
-        # the first one's words stay; its figures still go to the profile.
         if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(fn, gil)
@@ -2259,7 +2265,7 @@ class SmartExecutor(Executor):
                     time.time(),
                 ),
             )
-        if replaces is None or not stream.input_read:
+        if reworded:
             self._route_next(fn, ended, verdict.reason)
         if keep_watching:
             evidence.stay_noted = True
