@@ -648,13 +648,6 @@ def reroute(
         return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
     gain = here / max(predicted[best], 1e-9)
     saved = here - predicted[best]
-    if not may_move:
-        return Reroute(
-            None,
-            predicted,
-            f"{what} -> stays on {current} (its route was decided on its first chunks; "
-            f"{best} would gain {gain:.2f}x)",
-        )
     if gain < SWITCH_GAIN:
         return Reroute(
             None,
@@ -667,5 +660,12 @@ def reroute(
             predicted,
             f"{what} -> stays on {current} ({best} would save only {saved * 1e3:.1f} ms; "
             f"a move must save {SWITCH_MIN_S * 1e3:.0f} ms)",
+        )
+    if not may_move:
+        return Reroute(
+            None,
+            predicted,
+            f"{what} -> stays on {current} (its route was decided on its first chunks; "
+            f"{best} would gain {gain:.1f}x)",
         )
     return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")
