@@ -307,6 +307,18 @@ class ChunkStream:
                 self._input_error = error
                 raise error
 
+    def probe_again(self) -> None:
+        """Send one one-item chunk per worker next, then wait for them, as the first probe did.
+
+        For a map whose first figures gave no verdict yet, while sending is
+        most of its items' cost (see ``dear`` in
+        :meth:`~smartexec.SmartExecutor._routed_map`). Does nothing while a
+        probe is under way, or once the input is read.
+        """
+        with self._lock:
+            if self._probe is None and not self.input_read:
+                self._probe = [self._workers, self._workers, 1]
+
     def _absorb(self, slot: _Slot) -> None:
         """Take a finished chunk's outcomes; re-send what the worker left."""
         future = slot.future

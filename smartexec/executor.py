@@ -1938,9 +1938,8 @@ class SmartExecutor(Executor):
         are), and the callable's next maps start where this one ended.
         ``dear``: each item carries big arguments of its own
         (:func:`~smartexec._mapping.dear_to_send`): one item per worker goes
-        first, and the rest waits for their figures, so that a map the
-        figures move to threads has not copied a window of them to the
-        workers first.
+        at a time until the figures give a verdict, so that a map they move
+        to threads has not copied a window of them to the workers first.
         """
         gil = decision.gil
         if (
@@ -2025,6 +2024,12 @@ class SmartExecutor(Executor):
                 settled = self._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize
                 )
+            if dear and not settled and not evidence.stay_noted:
+                # No verdict yet: one more item per worker, not the window
+                # (whose chunks, sized by the time per item, would hold ~15
+                # of them: a first map under load sent 49 16 MiB arrays to
+                # fork before its figures moved the rest to threads).
+                stream.probe_again()
 
         probe = None
         cheap = estimate.per_item_s is not None and estimate.per_item_s < CHEAP_ITEM_S
@@ -2040,7 +2045,7 @@ class SmartExecutor(Executor):
             # before the first figures: the 64-array einsum map sent 7 to
             # fork (0.26 s of sending, loaded machine) before it moved to threads.
             probe = (max(1, backend.max_workers), 1)
-        stream = self._open_stream(
+        stream: ChunkStream = self._open_stream(
             fn,
             decision,
             estimate,

@@ -84,3 +84,53 @@ def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
     assert stream.input_read and len(budgets) > window
     assert all(b is None for b in budgets[window:])
     assert list(stream_values([], stream, ordered=True)) == [x * x for x in range(500)]
+
+
+def test_a_probe_taken_again_sends_one_item_per_worker_then_waits():
+    from concurrent.futures import Future
+
+    pending: list[tuple[Future, list]] = []
+    sizes: list[int] = []
+    at_once = [False]  # from some point on, chunks finish as they are sent
+
+    def send(calls, budget_s):
+        sizes.append(len(calls))
+        future: Future = Future()
+        if at_once[0]:
+            future.set_result(run_chunk(square, calls, False, None))
+        else:
+            pending.append((future, calls))
+        return future
+
+    def finish_all():
+        for future, calls in pending:
+            if not future.done():
+                future.set_result(run_chunk(square, calls, False, None))
+
+    estimate = Estimate()
+    stream = ChunkStream(
+        send=send,
+        calls=(((x,), {}) for x in range(100)),
+        remaining=100,
+        n_workers=2,
+        overhead_s=150e-6,
+        estimate=estimate,
+        fixed_chunksize=None,
+        buffersize=6,
+        end_time=None,
+        on_chunk_error=lambda exc, calls: exc,
+        measure_first=True,
+        probe=(2, 1),
+    )
+    assert sizes == [1, 1]  # the probe: one item per worker
+    chunks = stream.chunks()
+    finish_all()
+    assert next(chunks) == [(True, 0)]
+    stream.probe_again()  # no verdict yet: another round, not the window
+    assert next(chunks) == [(True, 1)]
+    assert sizes == [1, 1, 1, 1]
+    at_once[0] = True
+    finish_all()
+    rest = [v for chunk in chunks for _, v in chunk]  # the probe over: the full window
+    assert rest == [x * x for x in range(2, 100)]
+    assert max(sizes) > 1
