@@ -51,6 +51,22 @@ def test_every_item_comes_after_the_probe(ordered, buffersize):
     assert sum(stream.sizes) == n
 
 
+def on_two_workers(send, n, estimate, **options) -> ChunkStream:
+    """A stream of ``square`` over ``range(n)`` for two workers of fork's chunk cost."""
+    return ChunkStream(
+        send=send,
+        calls=(((x,), {}) for x in range(n)),
+        remaining=n,
+        n_workers=2,
+        overhead_s=150e-6,
+        estimate=estimate,
+        fixed_chunksize=None,
+        end_time=None,
+        on_chunk_error=lambda exc, calls: exc,
+        **options,
+    )
+
+
 def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
     # shutdown(wait=False) sends the rest of a map, and nobody may read it
     # again to send the rest of a chunk stopped at its budget: no budget.
@@ -66,18 +82,7 @@ def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
 
     estimate = Estimate()
     estimate.seed(1e-3, 100, 0.0)
-    stream = ChunkStream(
-        send=send,
-        calls=(((x,), {}) for x in range(500)),
-        remaining=500,
-        n_workers=2,
-        overhead_s=150e-6,
-        estimate=estimate,
-        fixed_chunksize=None,
-        buffersize=2,
-        end_time=None,
-        on_chunk_error=lambda exc, calls: exc,
-    )
+    stream = on_two_workers(send, 500, estimate, buffersize=2)
     window = len(budgets)
     assert window == 2 and all(b is not None for b in budgets)  # read as it goes: budgets
     stream.send_rest(budgets=False)
@@ -107,21 +112,7 @@ def test_a_probe_taken_again_sends_one_item_per_worker_then_waits():
             if not future.done():
                 future.set_result(run_chunk(square, calls, False, None))
 
-    estimate = Estimate()
-    stream = ChunkStream(
-        send=send,
-        calls=(((x,), {}) for x in range(100)),
-        remaining=100,
-        n_workers=2,
-        overhead_s=150e-6,
-        estimate=estimate,
-        fixed_chunksize=None,
-        buffersize=6,
-        end_time=None,
-        on_chunk_error=lambda exc, calls: exc,
-        measure_first=True,
-        probe=(2, 1),
-    )
+    stream = on_two_workers(send, 100, Estimate(), buffersize=6, measure_first=True, probe=(2, 1))
     assert sizes == [1, 1]  # the probe: one item per worker
     chunks = stream.chunks()
     finish_all()
