@@ -2169,10 +2169,10 @@ class SmartExecutor(Executor):
             may_move=not evidence.stay_noted or evidence.per_item_s < CHEAP_ITEM_S,
         )
         # A stay from the first chunks is noted now (a map that ends early
-        # still leaves its profile) and taken again at later results, until
-        # MAX_SAMPLES chunks are in or all is sent: it may become a move; a
-        # stay again only replaces the first one's figures (workers' first
-        # calls, which pay for imports and cold caches, weigh less by then).
+        # still leaves its profile) and taken again until MAX_SAMPLES chunks
+        # are in or all is sent: items under CHEAP_ITEM_S may still move
+        # then; a stay again only replaces the first one's figures (workers'
+        # first calls, which pay for imports and cold caches, weigh less by then).
         keep_watching = verdict.target is None and not stream.input_read and evidence.recheck_stay()
         replaces = None
         if verdict.target is None and evidence.stay_noted:
@@ -2587,9 +2587,9 @@ class SmartExecutor(Executor):
                     stream.on_cancel = None
                     if send_rest:
                         # Not waited for, the rest goes with no time budget:
-                        # the part of a chunk its worker stopped at one is
-                        # sent again as the map is read, once the backends
-                        # no longer take chunks.
+                        # the part of a chunk its worker stopped at one could
+                        # be sent again only as the map is read, when the
+                        # backends no longer take chunks.
                         stream.send_rest(budgets=wait)
             if wait and not cancel_futures:
                 # The rest of a chunk stopped at its time budget, and a dead
