@@ -2039,7 +2039,7 @@ class SmartExecutor(Executor):
             # be under way before the figures move the rest. Two small chunks
             # first; the full window only if the map stays.
             probe = (max(1, min(2, backend.max_workers)), CHEAP_ITEMS)
-        elif dear and not backend.shares_memory:
+        elif dear:  # (only ever for a process route)
             # Sending is most of the cost of such items (a 16 MiB array: ~5
             # ms each, 24-50 ms under load), and the window would send six
             # before the first figures: the 64-array einsum map sent 7 to
@@ -2096,12 +2096,9 @@ class SmartExecutor(Executor):
         """
         stream = relay.streams[-1]
         assert isinstance(stream, ChunkStream)
-        if (
-            evidence.stay_noted
-            and evidence.per_item_s >= CHEAP_ITEM_S
-            and not stream.input_read
-            and evidence.recheck_stay()
-        ):
+        # A later look at items over CHEAP_ITEM_S refreshes figures, moves nothing.
+        refresh_only = evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S
+        if refresh_only and not stream.input_read and evidence.recheck_stay():
             # Dear items keep their route at a later look; their figures are
             # taken again at the last one only (a look costs ~0.2 ms of this
             # thread, which the workers' cores share).
@@ -2166,7 +2163,7 @@ class SmartExecutor(Executor):
             rest=stream.remaining,
             cpus=cpus,
             prior=decision.gil.kind if decision.gil is not None else None,
-            may_move=not evidence.stay_noted or evidence.per_item_s < CHEAP_ITEM_S,
+            may_move=not refresh_only,
         )
         # A stay from the first chunks is noted now (a map that ends early
         # still leaves its profile) and taken again until MAX_SAMPLES chunks

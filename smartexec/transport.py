@@ -540,9 +540,7 @@ def _load_entry(stream: tuple[str, int], buffers: list[tuple[str, int]]) -> Any:
         maps = [_shm.attach(name, nbytes, private=True) for name, nbytes in buffers]
         return pickle.loads(view, buffers=maps)
     finally:
-        mapping = view.obj
-        view.release()
-        mapping.close()  # type: ignore[attr-defined]
+        _release_views([view])
 
 
 def _resolve(
@@ -679,6 +677,7 @@ class _Entry:
 
 
 def _release_views(views: list[memoryview]) -> None:
+    """Release each view and close the mapping under it (one :func:`smartexec._shm.attach` made)."""
     for view in views:
         mapping = view.obj
         view.release()
@@ -916,8 +915,9 @@ class ObjectCache:
         both copies of the buffers (~3 GB/s), against a copy into shared
         memory (~1 GB/s with page faults) and an unpickling in each worker to
         send it again. The segments stay mapped here from the first proof on
-        (:meth:`_Entry.sent_views`), so later proofs fault no pages in. Any doubt (pickling fails or differs, a segment is
-        gone) answers False: the state is sent again.
+        (:meth:`_Entry.sent_views`), so later proofs fault no pages in. Any
+        doubt (pickling fails or differs, a segment is gone) answers False:
+        the state is sent again.
         """
         try:
             stream, buffers = _fingerprint.split(obj, BIG_BUFFER_BYTES)

@@ -23,6 +23,22 @@ def square(x: int) -> int:
     return x * x
 
 
+def on_two_workers(send, n, estimate, overhead_s=150e-6, **options) -> ChunkStream:
+    """A stream of ``square`` over ``range(n)`` for two workers (fork's chunk cost by default)."""
+    return ChunkStream(
+        send=send,
+        calls=(((x,), {}) for x in range(n)),
+        remaining=n,
+        n_workers=2,
+        overhead_s=overhead_s,
+        estimate=estimate,
+        fixed_chunksize=None,
+        end_time=None,
+        on_chunk_error=lambda exc, calls: exc,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("buffersize", [1, 3, 14])
 def test_every_item_comes_after_the_probe(ordered, buffersize):
@@ -30,17 +46,12 @@ def test_every_item_comes_after_the_probe(ordered, buffersize):
     estimate = Estimate()
     estimate.seed(0.5e-6, 1000, 0.0)  # measured cheap before: the probe applies
     with ThreadPoolExecutor(2) as pool:
-        stream = ChunkStream(
-            send=lambda calls, budget_s: pool.submit(run_chunk, square, calls, False, budget_s),
-            calls=(((x,), {}) for x in range(n)),
-            remaining=n,
-            n_workers=2,
-            overhead_s=20e-6,
-            estimate=estimate,
-            fixed_chunksize=None,
+        stream = on_two_workers(
+            lambda calls, budget_s: pool.submit(run_chunk, square, calls, False, budget_s),
+            n,
+            estimate,
+            overhead_s=20e-6,  # threads' chunk cost
             buffersize=buffersize,
-            end_time=None,
-            on_chunk_error=lambda exc, calls: exc,
             probe=(2, 64),
         )
         got = list(stream_values([], stream, ordered=ordered))
@@ -49,22 +60,6 @@ def test_every_item_comes_after_the_probe(ordered, buffersize):
         assert got == [x * x for x in range(n)]
     assert stream.sizes[:2] == [64, 64] if buffersize >= 2 else stream.sizes[0] == 64
     assert sum(stream.sizes) == n
-
-
-def on_two_workers(send, n, estimate, **options) -> ChunkStream:
-    """A stream of ``square`` over ``range(n)`` for two workers of fork's chunk cost."""
-    return ChunkStream(
-        send=send,
-        calls=(((x,), {}) for x in range(n)),
-        remaining=n,
-        n_workers=2,
-        overhead_s=150e-6,
-        estimate=estimate,
-        fixed_chunksize=None,
-        end_time=None,
-        on_chunk_error=lambda exc, calls: exc,
-        **options,
-    )
 
 
 def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
