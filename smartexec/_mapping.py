@@ -804,6 +804,12 @@ def dear_to_send(iterables: tuple[Iterable[Any], ...]) -> bool:
     :class:`~smartexec.transport.ObjectCache`). Sizing counts a numpy
     array's bytes without copying them; an argument that cannot be pickled
     answers False (sending it will raise the clear error).
+
+    Args:
+        iterables: ``map``'s iterables, as given (one per argument).
+
+    Returns:
+        True when the items are dear to send, as above; never raises.
     """
     from .inspection import payload_size
 
