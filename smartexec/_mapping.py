@@ -246,7 +246,13 @@ class ChunkStream:
                 # work at once, and the first figures come back soonest.
                 size = 1
             return min(size, MAX_CHUNK_ITEMS), None
-        size = chunksize(per_item, self._workers, self.chunk_overhead_s, self._remaining)
+        size = chunksize(
+            per_item,
+            self._workers,
+            self.chunk_overhead_s,
+            self._remaining,
+            in_process=self._in_process,
+        )
         return size, chunk_budget_s(per_item, size) if self._budgets else None
 
     def _take(self, size: int) -> tuple[list[Call], BaseException | None]:

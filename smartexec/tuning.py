@@ -14,13 +14,15 @@ The cost model, per backend (see each backend's ``startup_s`` and
   + items x max(parent's pickling per item, (per-item + worker's pickling) / workers)
   + chunks x per-chunk overhead / workers.
 
-Chunks aim at 100 times the backend's per-chunk cost, within
-[:data:`MIN_TARGET_CHUNK_S`, :data:`TARGET_CHUNK_S`] (:func:`chunk_target_s`):
-long enough that dispatch (about 150 us for fork, 250 us for loky, 20 us for
-threads on the 2-core machine this was measured on) stays near 1 %, short
-enough that every worker gets several chunks and results keep flowing. On
-threads that is about 2 ms: the items of a chunk run one after another in one
-thread, so chunking items that wait (reads, sleeps) gives up their overlap. Near the end of a map of known
+Chunks aim at 200 times the backend's per-chunk cost on processes and 100
+times on threads, within [:data:`MIN_TARGET_CHUNK_S`, :data:`TARGET_CHUNK_S`]
+(:func:`chunk_target_s`): long enough that dispatch (about 150 us for fork,
+250 us for loky, 20 us for threads on a quiet 2-core machine; this process's
+share of a fork chunk costs 2-3 times that when the workers busy every core)
+stays near 1 %, short enough that every worker gets several chunks and
+results keep flowing. On threads that is about 2 ms: the items of a chunk run
+one after another in one thread, so chunking items that wait (reads, sleeps)
+gives up their overlap. Near the end of a map of known
 length chunks shrink so that workers finish together, down to the items whose
 work pays for one chunk's cost (a tail of tiny items is not cut up). Workers also stop a
 chunk early once it has run :data:`CHUNK_BUDGET_FACTOR` times its target (the
@@ -58,11 +60,25 @@ __all__ = [
 #: Source: multiprocessing.Pool.map's heuristic (CPython Lib/multiprocessing/pool.py).
 CHUNKS_PER_WORKER = 4
 
-#: The most seconds of work a chunk aims at once per-item time is known
-#: (process backends: about 100x their per-chunk cost, so dispatch stays near
-#: 1 % of the work). Source: benchmarks/bench_overheads.py (fork 118-152 us,
-#: loky 238-286 us, threads 16-25 us per chunk; 2-core machine, 2026-11-29).
-TARGET_CHUNK_S = 0.02
+#: The most seconds of work a chunk aims at once per-item time is known (see
+#: :func:`chunk_target_s`).
+TARGET_CHUNK_S = 0.04
+
+#: How many times its backend's per-chunk cost a chunk's work aims at, on
+#: process workers. The costs (``Backend.chunk_overhead_s``) come from a quiet
+#: machine (benchmarks/bench_overheads.py: fork 118-152 us, loky 238-286 us,
+#: threads 16-25 us per chunk; 2-core machine, 2026-11-29). With every core
+#: running a worker, this process's share of a fork chunk read 300-450 us of
+#: CPU (thread CPU clocks around sending, receiving and taking each chunk;
+#: sha256 of 4 MiB an item, 2026-12-05), and it is taken from the workers'
+#: cores: at 200x the quiet cost, dispatch stays near 1 % of the work.
+#: (joblib's automatic batching aims higher still, at 0.2-2 s a batch.)
+PROCESS_COST_MULTIPLE = 200
+
+#: The same on threads, which run a chunk's items one after another in one
+#: thread: chunking items that wait (reads, sleeps) gives up their overlap,
+#: so their chunks stay short (2 ms).
+THREAD_COST_MULTIPLE = 100
 
 #: The fewest seconds of work a chunk aims at, whatever the backend's cost.
 MIN_TARGET_CHUNK_S = 0.001
@@ -180,19 +196,28 @@ def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False)
     return max(1, -(-n_items // (max(1, n_workers) * CHUNKS_PER_WORKER)))
 
 
-def chunk_target_s(overhead_s: float) -> float:
+def chunk_target_s(overhead_s: float, *, in_process: bool = False) -> float:
     """Seconds of work a chunk aims at on a backend costing ``overhead_s`` per chunk.
 
-    100x the per-chunk cost (1 % dispatch), within [:data:`MIN_TARGET_CHUNK_S`,
-    :data:`TARGET_CHUNK_S`]; a backend costing more than 1 ms per chunk (a
-    cluster) gets at least 20x its cost. Threads (20 us) aim at 2 ms, fork
-    (150 us) at 15 ms, loky (250 us) at 20 ms, Dask (3 ms) at 60 ms.
+    :data:`PROCESS_COST_MULTIPLE` times the per-chunk cost on process
+    workers, :data:`THREAD_COST_MULTIPLE` times on threads (``in_process``),
+    within [:data:`MIN_TARGET_CHUNK_S`, :data:`TARGET_CHUNK_S`]; a backend
+    costing more than 2 ms per chunk (a cluster) gets at least 20x its cost.
+    Threads (20 us) aim at 2 ms, fork (150 us) at 30 ms, loky (250 us) at
+    40 ms, Dask (3 ms) at 60 ms.
     """
-    return max(20 * overhead_s, min(TARGET_CHUNK_S, max(MIN_TARGET_CHUNK_S, 100 * overhead_s)))
+    multiple = THREAD_COST_MULTIPLE if in_process else PROCESS_COST_MULTIPLE
+    target = min(TARGET_CHUNK_S, max(MIN_TARGET_CHUNK_S, multiple * overhead_s))
+    return max(20 * overhead_s, target)
 
 
 def chunksize(
-    per_item_s: float, n_workers: int, overhead_s: float, remaining: int | None = None
+    per_item_s: float,
+    n_workers: int,
+    overhead_s: float,
+    remaining: int | None = None,
+    *,
+    in_process: bool = False,
 ) -> int:
     """Return items per chunk for a measured per-item time.
 
@@ -202,12 +227,14 @@ def chunksize(
         overhead_s: the backend's cost per chunk, seconds.
         remaining: items still to send, or None when the input's length is
             unknown (a generator).
+        in_process: the workers are threads of this process (see
+            :func:`chunk_target_s`).
 
     Returns:
         An int in ``[1, MAX_CHUNK_ITEMS]``.
     """
     per_item_s = max(per_item_s, 1e-9)
-    size = chunk_target_s(overhead_s) / per_item_s
+    size = chunk_target_s(overhead_s, in_process=in_process) / per_item_s
     if remaining is not None:
         # Shrink the tail so workers finish together, but not below the items
         # whose work pays for one chunk's cost: tiny items gain nothing there.

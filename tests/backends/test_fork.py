@@ -337,3 +337,37 @@ def test_shutdown_with_wait_waits_while_another_pool_starts():
         assert ex2.submit(abs, -1).result() == 1
     stopper.join()
     assert done_at_return == [True]
+
+
+def test_the_dispatchers_poller_reports_what_wait_would():
+    from multiprocessing import Pipe
+
+    from smartexec.backends.fork import _Poller
+
+    poller = _Poller()
+    ours, theirs = Pipe()
+    read_fd, write_fd = os.pipe()
+    try:
+        assert poller.wait([ours, read_fd], 0) == []  # nothing to read yet
+        theirs.send_bytes(b"reply")
+        assert poller.wait([ours, read_fd], 0) == [ours]
+        os.write(write_fd, b"x")
+        assert sorted(map(id, poller.wait([ours, read_fd], 1.0))) == sorted([id(ours), id(read_fd)])
+        ours.recv_bytes()
+        # A file left out of the next wait is not reported, even when ready.
+        assert poller.wait([ours], 0) == []
+        # A peer that closes its end counts as ready (read as EOF), as wait() has it.
+        theirs.close()
+        assert poller.wait([ours], 0.5) == [ours]
+        with pytest.raises(EOFError):
+            ours.recv_bytes()
+        # A replaced connection on a reused descriptor is the one reported.
+        ours.close()
+        again, peer = Pipe()
+        peer.send_bytes(b"")
+        assert poller.wait([again], 1.0) == [again]
+        again.close()
+        peer.close()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)

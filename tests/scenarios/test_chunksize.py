@@ -57,18 +57,20 @@ def test_default_chunksize_before_measuring():
     assert default_chunksize(10_000, 4, in_process=True) == 1
 
 
-def test_chunks_aim_at_a_hundred_times_the_backends_per_chunk_cost():
-    assert chunk_target_s(ThreadBackend.chunk_overhead_s) == pytest.approx(0.002)
-    assert chunk_target_s(ForkBackend.chunk_overhead_s) == pytest.approx(0.015)
-    assert chunk_target_s(LokyBackend.chunk_overhead_s) == pytest.approx(0.02)
+def test_chunks_aim_at_a_multiple_of_the_backends_per_chunk_cost():
+    # threads: 100x (their items run one after another in one thread)
+    assert chunk_target_s(ThreadBackend.chunk_overhead_s, in_process=True) == pytest.approx(0.002)
+    # processes: 200x (this process's share of a chunk is dearer under load)
+    assert chunk_target_s(ForkBackend.chunk_overhead_s) == pytest.approx(0.03)
+    assert chunk_target_s(LokyBackend.chunk_overhead_s) == pytest.approx(0.04)
     assert chunk_target_s(3e-3) == pytest.approx(0.06)  # a cluster: 20x its cost
     assert chunk_target_s(0.0) == pytest.approx(0.001)
 
 
 def test_items_of_a_few_milliseconds_are_not_chunked_on_threads():
     # chunked, items that wait (reads) would wait one after another in one thread
-    assert chunksize(0.004, 6, ThreadBackend.chunk_overhead_s, remaining=1000) == 1
-    assert chunksize(0.004, 2, ForkBackend.chunk_overhead_s, remaining=1000) == 4
+    assert chunksize(0.002, 6, ThreadBackend.chunk_overhead_s, 1000, in_process=True) == 1
+    assert chunksize(0.004, 2, ForkBackend.chunk_overhead_s, remaining=1000) == 8
 
 
 def test_a_tail_of_tiny_items_is_not_cut_up():
