@@ -148,6 +148,8 @@ class Evidence:
     stay_noted: bool = False
     #: The executor's log entry for that stay, which its last look replaces.
     stay_note: Any = None
+    #: The GIL kind the chunks agreed on when that stay was noted (None: none).
+    noted_kind: GilKind | None = None
 
     def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
         """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
@@ -205,8 +207,15 @@ class Evidence:
         loop here); dearer ones keep their route, and the later figures
         replace the first ones (see :func:`reroute`'s ``may_move``). A move
         is acted on at once. A map moves at most once.
+
+        On threads, the GIL kind comes from the pool's clocks read
+        :data:`THREADS_MIN_WALL_S` apart: a map whose first chunks all came
+        back sooner (64 numpy items of 1 ms) is taken again until they have
+        been read, or its last look priced it as holding the GIL (3x off).
         """
-        return len(self.per_item) < MAX_SAMPLES
+        if len(self.per_item) < MAX_SAMPLES:
+            return True
+        return self.on_threads and self.process_cores is None
 
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""

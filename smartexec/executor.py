@@ -2096,8 +2096,16 @@ class SmartExecutor(Executor):
         """
         stream = relay.streams[-1]
         assert isinstance(stream, ChunkStream)
-        # A later look at items over CHEAP_ITEM_S refreshes figures, moves nothing.
-        refresh_only = evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S
+        # A later look at items over CHEAP_ITEM_S refreshes figures, moves
+        # nothing; unless the stay was noted with no GIL kind to price the
+        # items on and the chunks agree on one now (a map on threads whose
+        # first chunks came back before the pool's clocks could be read): the
+        # first look that could price it decides.
+        refresh_only = (
+            evidence.stay_noted
+            and evidence.per_item_s >= CHEAP_ITEM_S
+            and not (evidence.noted_kind is None and evidence.kind is not None)
+        )
         if refresh_only and not stream.input_read and evidence.recheck_stay():
             # Dear items keep their route at a later look; their figures are
             # taken again at the last one only (a look costs ~0.2 ms of this
@@ -2178,11 +2186,16 @@ class SmartExecutor(Executor):
             replaces = evidence.stay_note
         # A last look with the input all sent, or with fewer items left than
         # measured, predicts for a tail (chunks shrink there, a per-chunk cost
-        # weighs more): the first look's words stay; its figures still go to
-        # the profile.
-        reworded = replaces is None or (
-            not stream.input_read
-            and (stream.remaining is None or stream.remaining >= evidence.items)
+        # weighs more): the first look's words stay, unless they had no GIL
+        # kind to price the items on and this look has one; its figures
+        # still go to the profile.
+        reworded = (
+            replaces is None
+            or (evidence.noted_kind is None and evidence.kind is not None)
+            or (
+                not stream.input_read
+                and (stream.remaining is None or stream.remaining >= evidence.items)
+            )
         )
         ended = decision
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
@@ -2270,6 +2283,8 @@ class SmartExecutor(Executor):
         if reworded:
             self._route_next(fn, ended, verdict.reason)
         if keep_watching:
+            if not evidence.stay_noted:
+                evidence.noted_kind = evidence.kind
             evidence.stay_noted = True
             return False
         return True
