@@ -52,7 +52,31 @@ __all__ = [
     "census",
     "forget_inherited_pools",
     "fork_warning_checked",
+    "running_user_code",
 ]
+
+#: Idents of smartexec's own threads running the user's code now (a thread
+#: backend's chunk or call, its initializer, a GIL watch's helper), each with
+#: how many such runs it is in: they count as the user's running threads,
+#: whatever their name (a lock that code holds would be copied, held, into a
+#: forked worker: a fork for one map while another ran on threads hung).
+_USER_CODE: dict[int, int] = {}
+
+
+@contextlib.contextmanager
+def running_user_code() -> Iterator[None]:
+    """Mark the calling smartexec thread as running the user's code for the block."""
+    ident = threading.get_ident()
+    _USER_CODE[ident] = _USER_CODE.get(ident, 0) + 1
+    try:
+        yield
+    finally:
+        left = _USER_CODE.get(ident, 1) - 1
+        if left > 0:
+            _USER_CODE[ident] = left
+        else:
+            _USER_CODE.pop(ident, None)
+
 
 #: Seconds :func:`fork_warning_checked` waits, at most, for busy known threads to go idle.
 FORK_SETTLE_S = 0.1
@@ -268,7 +292,10 @@ def _sort(threads: list[threading.Thread], frames: dict[int, types.FrameType]) -
     own = busy_known = 0
     for thread in threads:
         if thread.name.startswith("smartexec-"):
-            own += 1
+            if thread.ident in _USER_CODE:
+                running.append(f"{thread.name} (running your code)")
+            else:
+                own += 1
             continue
         kind = _kind_of(thread)
         where = None

@@ -2418,7 +2418,7 @@ class SmartExecutor(Executor):
 
             stream = ChunkStream(
                 send=send,
-                calls=((args, _NO_KWARGS) for args in inputs),
+                calls=zip(inputs, itertools.repeat(_NO_KWARGS)),
                 remaining=remaining,
                 n_workers=backend.max_workers,
                 overhead_s=backend.chunk_overhead_s,

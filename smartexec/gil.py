@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._identity import WeakCallable, identity_key
+from ._threads import running_user_code
 
 __all__ = [
     "GilKind",
@@ -747,7 +748,8 @@ def watch(
     def helper() -> None:
         start, first, cpu = time.perf_counter(), sched_times(), time.thread_time()
         try:
-            run_items()
+            with running_user_code():
+                run_items()
         except BaseException:  # recorded by run_items; a helper never raises
             pass
         last = sched_times()

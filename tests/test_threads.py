@@ -340,3 +340,52 @@ def test_a_fork_worker_forgets_the_parents_reusable_loky_executor():
     assert reusable_executor is not None
     assert result.returncode == 0, result.stderr
     assert "child 0" in result.stdout and "parent keeps it True" in result.stdout, result.stdout
+
+
+def test_smartexecs_own_thread_counts_as_the_users_while_it_runs_their_code():
+    started, release = threading.Event(), threading.Event()
+
+    def pool_thread():
+        with _threads.running_user_code():
+            started.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=pool_thread, name="smartexec-thread_test")
+    thread.start()
+    try:
+        assert started.wait(10)
+        found = _threads.census()
+        assert "smartexec-thread_test (running your code)" in found.running, found
+    finally:
+        release.set()
+        thread.join(10)
+    assert not _threads._USER_CODE  # left when its code returned
+
+
+LOCK = threading.Lock()
+
+
+def wait_under_lock(x):
+    with LOCK:  # I/O done under a module lock (a rate limiter, a shared connection)
+        time.sleep(0.02)
+    return x
+
+
+def compute_under_lock(x):
+    with LOCK:
+        total = sum(range(20_000))
+    return x * 2 + total * 0
+
+
+def test_no_fork_while_this_process_runs_the_users_code_on_smartexecs_threads():
+    # Found by an adversarial review: the census skipped every thread named
+    # smartexec-*, so a second executor forked while the first one's threads
+    # held LOCK, and the forked worker waited for it for ever.
+    with SmartExecutor(2, prefer="threads") as io:
+        busy = [io.submit(wait_under_lock, i) for i in range(100)]
+        time.sleep(0.1)  # its threads run wait_under_lock now
+        with SmartExecutor(2) as ex:
+            assert ex.submit(compute_under_lock, 1).result(timeout=60) == 2
+            assert ex.explain(compute_under_lock).backend != "fork"
+        io.shutdown(cancel_futures=True)
+    assert all(f.cancelled() or f.result() == i for i, f in enumerate(busy))

@@ -20,6 +20,7 @@ from typing import Any
 from .. import _initializer
 from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
+from .._threads import running_user_code
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..gil import SchedReader, sched_times
 from ._base import Backend
@@ -52,7 +53,8 @@ class _ThreadInit:
 
     def __call__(self) -> None:
         try:
-            self.initializer(*self.initargs)
+            with running_user_code():
+                self.initializer(*self.initargs)
         except BaseException as exc:
             name = _initializer.name_of(self.initializer)
             error = ThreadInitializerError(
@@ -359,7 +361,7 @@ def _run_capped(
     """
     if box is not None:
         box.raise_if_broken()
-    with THREAD_CAP.running(cpu_count):
+    with running_user_code(), THREAD_CAP.running(cpu_count):
         return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
 
 
@@ -386,7 +388,8 @@ def _run_call(
         backend._box.raise_if_broken()
         THREAD_CAP.enter(backend._cpu_count)
         try:
-            return fn(*args, **kwargs)
+            with running_user_code():
+                return fn(*args, **kwargs)
         finally:
             THREAD_CAP.exit()
     finally:
