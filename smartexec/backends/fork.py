@@ -278,6 +278,7 @@ def _zygote_main(
     initargs: tuple[Any, ...] = (),
     inherited_fds: Sequence[int] = (),
     prefork: Sequence[tuple[int, int]] = (),
+    direct: Sequence[int] = (),
 ) -> None:
     """The zygote (runs in a child forked once per pool): forks the pool's workers.
 
@@ -319,9 +320,20 @@ def _zygote_main(
     may hold a copy of its end of ``ctl``, so end-of-file alone is not
     enough), the zygote gives its workers :data:`STOP_TIMEOUT_S` seconds to
     exit, kills the rest and exits.
+
+    ``direct``: the pids of the pool's workers the parent forked itself.
+    Should the parent die (no ``Q`` came), the zygote kills them too, through
+    pidfds opened now (a pid alone may name another process by then): a
+    worker busy in a long call checks for its parent only between chunks,
+    and outlived a killed parent (holding its stdout open) for as long as
+    the call ran.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(parent_end)  # the parent's end of ctl, inherited by the fork
+    direct_fds: list[int] = []
+    for pid in direct:
+        with contextlib.suppress(OSError):
+            direct_fds.append(os.pidfd_open(pid))
     for fd in inherited_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -399,7 +411,7 @@ def _zygote_main(
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                for other_fd in unforked:
+                for other_fd in (*unforked, *direct_fds):
                     os.close(other_fd)  # the ends of siblings not forked yet
                 conn = multiprocessing.connection.Connection(worker_fd)
                 # ctl stays open through the initializer (to report its
@@ -417,6 +429,7 @@ def _zygote_main(
     for ident, worker_fd in prefork:
         unforked.remove(worker_fd)
         fork_worker(ident, worker_fd)
+    asked = False  # whether the parent asked the pool to stop (Q), rather than died
     while True:
         events = dict(poller.poll(PARENT_CHECK_S * 1000))
         ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
@@ -442,6 +455,7 @@ def _zygote_main(
         if not message or message == b"Q":
             for fd in fds:
                 os.close(fd)
+            asked = message == b"Q"
             break
         fork_worker(int(message[1:]), fds[0])
     # The parent closed its end: workers were asked to stop (or their parent died).
@@ -451,6 +465,11 @@ def _zygote_main(
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    if not asked:
+        # The parent is gone: its own workers too (after the grace above).
+        for fd in direct_fds:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
     reap(STOP_TIMEOUT_S)
 
 
@@ -685,6 +704,7 @@ class _ForkPool:
                         [w.conn.fileno() for w in self._workers]
                         + [ours.fileno() for _, ours, _ in pending],
                         [(ident, theirs.fileno()) for ident, _, theirs in pending],
+                        [w.pid for w in self._workers if w.pid is not None],
                     ),
                     name="smartexec-fork-zygote",
                 )

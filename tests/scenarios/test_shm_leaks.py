@@ -394,3 +394,37 @@ def test_an_idle_loky_worker_exits_soon_after_its_parent_is_killed():
         _kill_session(proc.pid)
         proc.stdout.close()
         proc.stderr.close()
+
+
+KILLED_WHILE_BUSY = """
+import os, signal, time
+from smartexec import SmartExecutor
+from tests.scenarios._reliability_workloads import square
+
+print(os.getpid(), flush=True)
+ex = SmartExecutor(2, backend="fork")
+list(ex.map(square, range(100)))  # the pool is up: its first worker forked by this process
+futures = [ex.submit(time.sleep, 60) for _ in range(2)]  # each worker busy for a minute
+time.sleep(1.0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_parent_leaves_no_busy_worker_running():
+    # Found by an adversarial review (5/5): the worker a pool forks itself
+    # checks for its parent only between chunks, so it ran its minute-long
+    # call on, reparented, holding the program's stdout open. The zygote now
+    # kills it too once the parent is gone.
+    proc = start_python(KILLED_WHILE_BUSY)
+    try:
+        proc.stdout.readline()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(proc.pid) == {}
+    finally:
+        _kill_session(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
