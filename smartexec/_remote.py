@@ -61,6 +61,8 @@ class _Pickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return _code_reduce_keeping_file(obj)
         # A numpy memmap goes by reference to its file (see smartexec._memmap).
         reduced = _memmap.reduce(obj)
         if reduced is not None:
@@ -70,6 +72,39 @@ class _Pickler(cloudpickle.Pickler):
             if _importable(owner) and getattr(owner, name, None) == obj:
                 return getattr, (owner, name)
         return super().reducer_override(obj)
+
+
+#: cloudpickle's reducer for code objects (None if a later cloudpickle drops it).
+_CODE_REDUCE = getattr(getattr(cloudpickle, "cloudpickle", None), "_code_reduce", None)
+
+#: The file name cloudpickle gives the code it sends by value.
+_DYNAMIC_CODE = "<dynamic-code>"
+
+
+def _code_reduce_keeping_file(code: types.CodeType) -> Any:
+    """cloudpickle's reduction of ``code``, with the file it was defined in kept.
+
+    cloudpickle (3.1) names every code object it sends by value
+    ``<dynamic-code>``, so that equal functions pickle to equal bytes. A
+    function of a script's ``__main__`` then raised in a fork worker with
+    ``File "<dynamic-code>", line 9`` and no source line, where
+    ``ProcessPoolExecutor`` shows the script's path and the line (found by an
+    adversarial review). Nothing here relies on equal bytes; the name is put
+    back. Falls back to cloudpickle's own reduction if its shape changes.
+    """
+    if _CODE_REDUCE is None:
+        return NotImplemented
+    reduced = _CODE_REDUCE(code)
+    try:
+        constructor, args = reduced
+        at = [i for i, arg in enumerate(args) if type(arg) is str and arg == _DYNAMIC_CODE]
+    except (TypeError, ValueError):
+        return reduced
+    if len(at) != 1:
+        return reduced
+    args = list(args)
+    args[at[0]] = code.co_filename
+    return constructor, tuple(args)
 
 
 def _importable(cls: type) -> bool:

@@ -286,13 +286,17 @@ def _read_stack(kind: _Kind, frame: types.FrameType) -> str | None:
     return where
 
 
-def _sort(threads: list[threading.Thread], frames: dict[int, types.FrameType]) -> ThreadCensus:
+def _sort(
+    threads: list[threading.Thread],
+    frames: dict[int, types.FrameType],
+    own_user_code: bool = True,
+) -> ThreadCensus:
     running: list[str] = []
     ignored: list[IgnoredThread] = []
     own = busy_known = 0
     for thread in threads:
         if thread.name.startswith("smartexec-"):
-            if thread.ident in _USER_CODE:
+            if own_user_code and thread.ident in _USER_CODE:
                 running.append(f"{thread.name} (running your code)")
             else:
                 own += 1
@@ -309,7 +313,7 @@ def _sort(threads: list[threading.Thread], frames: dict[int, types.FrameType]) -
     return ThreadCensus(tuple(running), tuple(ignored), own, busy_known)
 
 
-def _look() -> ThreadCensus:
+def _look(own_user_code: bool = True) -> ThreadCensus:
     # No cache across looks: it would have to keep other threads' frames alive
     # (a finished loky feeder's frame holds its queue's semaphores), and a
     # frame's id alone may be reused by another stack.
@@ -319,18 +323,22 @@ def _look() -> ThreadCensus:
         return ThreadCensus()
     frames = sys._current_frames()
     try:
-        return _sort(threads, frames)
+        return _sort(threads, frames, own_user_code)
     finally:
         del frames
 
 
-def census(settle_s: float = 0.0) -> ThreadCensus:
+def census(settle_s: float = 0.0, *, own_user_code: bool = True) -> ThreadCensus:
     """Sort the threads of this process besides the calling one.
 
     Args:
         settle_s: seconds to wait, at most, while every running thread is a
             known library thread that is busy (it may be back in its wait in
             a moment, as IPython's history thread after a write). 0 looks once.
+        own_user_code: count smartexec's threads running the user's code
+            (:func:`running_user_code`) as the user's running threads. False
+            for a map on threads that may move to processes: its own chunks
+            run there.
 
     Returns:
         A :class:`ThreadCensus`: the user's running threads, the library
@@ -338,7 +346,7 @@ def census(settle_s: float = 0.0) -> ThreadCensus:
     """
     deadline = time.monotonic() + settle_s
     while True:
-        found = _look()
+        found = _look(own_user_code)
         if settle_s <= 0:
             return found
         settling = found.running and found.busy_known == len(found.running)

@@ -231,15 +231,16 @@ def _starts_in_loop(ended: str | None, per_item_s: float) -> bool:
     return ended == "inline" and per_item_s < CHEAP_ITEM_S
 
 
-def _other_threads() -> int:
+def _other_threads(own_user_code: bool = True) -> int:
     """The user's threads running besides the calling one (see :mod:`smartexec._threads`).
 
     smartexec's own (named ``smartexec-*``, paused or released around a fork)
     do not count, nor library threads found idle in a known wait (joblib's
     and loky's, tqdm's monitor, a Jupyter kernel's): forking cannot copy a
-    lock they hold.
+    lock they hold; but those of its threads running the user's code do,
+    unless ``own_user_code`` is False.
     """
-    return len(_threads.census().running)
+    return len(_threads.census(own_user_code=own_user_code).running)
 
 
 def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Decision:
@@ -2128,8 +2129,14 @@ class SmartExecutor(Executor):
         elif backend.name == "thread" and self._options.prefer != "threads" and gil is not None:
             assert decision.profile is not None
             holds = dataclasses.replace(gil, kind="holds")
+            # This map's own chunks run on the pool's threads now: they do
+            # not count (the move sends the rest of this very map elsewhere).
             target = decide(
-                decision.profile, self._platform, self._options, holds, _other_threads()
+                decision.profile,
+                self._platform,
+                self._options,
+                holds,
+                _other_threads(own_user_code=False),
             )
             if target.backend in ("fork", "loky") and not target.share:
                 factory = _factory(target.backend)

@@ -111,9 +111,11 @@ class BackendStats:
                 )
             else:
                 why = (
-                    f"the caller spent {self.dispatching_s:.3f} s sending chunks: the "
-                    f"payload (arguments, or the callable's state) is too big for the "
-                    f"work it carries"
+                    f"the caller spent {self.dispatching_s:.3f} s sending chunks, over half "
+                    f"the {self.working_s:.3f} s of work they carried: starting the "
+                    f"workers (forking this process) counts there, as does pickling each "
+                    f"chunk's payload (its arguments, or the callable's state when it is "
+                    f"sent); the work per item is small for what reaching a worker costs"
                 )
         elif per_chunk < 0.002:
             why = (
@@ -140,7 +142,7 @@ class BackendStats:
             sizes += f" and {len(self.chunksizes) - SIZES_SHOWN} other sizes"
         return (
             f"{self.backend}: {self.items} items in {self.chunks} chunks "
-            f"({self.failed_chunks} failed) on {self.workers} worker"
+            f"({self.failed_chunks} of them failed) on {self.workers} worker"
             f"{'s' if self.workers != 1 else ''}; working "
             f"{self.working_s:.3f} s, waiting {self.waiting_s:.3f} s, dispatching "
             f"{self.dispatching_s:.3f} s, active {self.active_s:.3f} s"

@@ -657,3 +657,18 @@ def test_calls_travel_packed_and_run_as_sent(calls):
     assert status == "ok"
     assert result.outcomes == [(True, _pair(*args, **kwargs)) for args, kwargs in calls]
     assert run_chunk(_pair, packed).outcomes == result.outcomes
+
+
+def test_code_sent_by_value_keeps_the_file_it_was_defined_in():
+    # cloudpickle names such code "<dynamic-code>": a __main__ function's
+    # traceback in a worker lost its file and source lines.
+    from smartexec import _remote
+
+    def outer():
+        return lambda x: 1 / x  # a lambda goes by value, with its code
+
+    sent = _remote.loads(_remote.dumps(outer()))
+    assert sent.__code__.co_filename == __file__
+    with pytest.raises(ZeroDivisionError) as caught:
+        sent(0)
+    assert "1 / x" in str(caught.getrepr())  # the source line is found again
