@@ -20,7 +20,7 @@ from typing import Any
 from .. import _initializer
 from .._blas import THREAD_CAP
 from .._remote import Call, ChunkResult, run_chunk
-from .._threads import running_user_code
+from .._threads import running_user_code, user_code_ends, user_code_starts
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..gil import SchedReader, sched_times
 from ._base import Backend
@@ -361,8 +361,12 @@ def _run_capped(
     """
     if box is not None:
         box.raise_if_broken()
-    with running_user_code(), THREAD_CAP.running(cpu_count):
-        return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
+    ident = user_code_starts()
+    try:
+        with THREAD_CAP.running(cpu_count):
+            return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
+    finally:
+        user_code_ends(ident)
 
 
 def _peek(counter: itertools.count[int]) -> int:
@@ -387,10 +391,11 @@ def _run_call(
     try:
         backend._box.raise_if_broken()
         THREAD_CAP.enter(backend._cpu_count)
+        ident = user_code_starts()
         try:
-            with running_user_code():
-                return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
+            user_code_ends(ident)
             THREAD_CAP.exit()
     finally:
         next(backend._calls_out)
