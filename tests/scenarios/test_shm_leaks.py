@@ -383,13 +383,22 @@ def test_an_idle_loky_worker_exits_soon_after_its_parent_is_killed():
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
+    assert _nothing_left_once_killed(proc).split()[1] == "1"
+
+
+def _nothing_left_once_killed(proc) -> str:
+    """Wait for the child ``proc`` to SIGKILL itself, then for its session to empty.
+
+    Returns the first line it printed; cleans its session up whatever happens.
+    """
     try:
-        assert proc.stdout.readline().split()[1] == "1"
+        line = proc.stdout.readline()
         assert proc.wait(timeout=60) == -signal.SIGKILL
         deadline = time.monotonic() + 20
         while session_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert session_processes(proc.pid) == {}
+        return line
     finally:
         _kill_session(proc.pid)
         proc.stdout.close()
@@ -416,15 +425,4 @@ def test_a_killed_parent_leaves_no_busy_worker_running():
     # checks for its parent only between chunks, so it ran its minute-long
     # call on, reparented, holding the program's stdout open. The zygote now
     # kills it too once the parent is gone.
-    proc = start_python(KILLED_WHILE_BUSY)
-    try:
-        proc.stdout.readline()
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-        deadline = time.monotonic() + 20
-        while session_processes(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert session_processes(proc.pid) == {}
-    finally:
-        _kill_session(proc.pid)
-        proc.stdout.close()
-        proc.stderr.close()
+    _nothing_left_once_killed(start_python(KILLED_WHILE_BUSY))
