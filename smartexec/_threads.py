@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import os
 import sys
 import threading
 import time
@@ -63,6 +64,9 @@ __all__ = [
 #: whatever their name (a lock that code holds would be copied, held, into a
 #: forked worker: a fork for one map while another ran on threads hung).
 _USER_CODE: dict[int, int] = {}
+# A forked child has none of those threads (an ident may come back as another).
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_USER_CODE.clear)
 
 
 def user_code_starts() -> int:
