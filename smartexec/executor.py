@@ -2209,11 +2209,13 @@ class SmartExecutor(Executor):
         if verdict.target == "inline":
             stream.detach()
             relay.append(InlineStream(fn, inputs, self._stats.inline))
-            # The process route's reasons no longer hold for its next maps.
+            # The process route's reasons no longer hold for its next maps,
+            # and a GIL use measured now replaces one from an earlier run.
             ended = dataclasses.replace(
                 decision,
                 backend="thread",
                 share=False,
+                gil=gil if gil is not None else decision.gil,
                 reasons=(
                     decision.reasons[0],
                     "its items cost less than sending them: its next maps start in a "

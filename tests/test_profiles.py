@@ -479,36 +479,3 @@ def test_a_stored_profile_is_rechecked_by_fresh_evidence():
             assert recall(work) == after.gil
     finally:
         forget(work)
-
-
-def einsum_square(a):
-    import numpy as np
-
-    return float(np.einsum("i,i->", a, a))
-
-
-@pytest.mark.timeout(120)
-def test_a_quick_map_on_threads_settles_its_gil_use_before_its_last_look():
-    # Stored: threads, with no GIL kind. The pool's clocks give the kind only
-    # once read THREADS_MIN_WALL_S apart, and 16 chunks of 1 ms numpy items
-    # come back sooner: the last look used to come then, price the items as
-    # holding the GIL (3x off) and store no kind again, run after run. It now
-    # waits for the clocks (the map takes 0.1-0.2 s).
-    import numpy as np
-
-    profiles.save(einsum_square, stored(gil=None, backend="thread", per_item_s=0.001))
-    new_process_view()
-    distinct = [np.full(1 << 19, 1.0 + i) for i in range(8)]  # 4 MiB each
-    arrays = [distinct[i % 8] for i in range(400)]
-    try:
-        with SmartExecutor() as ex:
-            assert ex.explain(einsum_square).backend == "thread"
-            assert list(ex.map(einsum_square, arrays)) == [einsum_square(a) for a in arrays]
-            log = "\n".join(map(str, ex.decisions()))
-        assert "measured in the workers" in log, log
-        assert "its GIL use is not settled yet" not in log, log
-        assert "(kind: " in log, log
-        new_process_view()
-        assert profiles.load(einsum_square).gil is not None, log
-    finally:
-        forget(einsum_square)

@@ -468,3 +468,21 @@ def test_figures_taken_on_the_gil_use_measured_before_while_these_chunks_agree_o
     assert known.predicted["thread"] == pytest.approx(60 * 0.002 / 2)
     assert "measured before: releases" in known.reason
     assert known.target is None  # no move on a kind these chunks did not agree on
+
+
+def test_on_threads_a_stay_is_looked_at_again_until_the_pools_clocks_were_read():
+    # The GIL kind of items on threads comes from the pool's clocks, read
+    # THREADS_MIN_WALL_S apart: 16 chunks of 1 ms numpy items came back
+    # sooner, and the last look priced them as holding the GIL (3x off) and
+    # stored no kind, run after run.
+    evidence = Evidence(6, on_threads=True)
+    for _ in range(MAX_SAMPLES):
+        evidence.add(1, 0.003, 0.001, None)
+    assert evidence.ready() and evidence.kind is None
+    assert evidence.recheck_stay()  # the clocks have not been read yet
+    evidence.process_cores = 1.8
+    assert not evidence.recheck_stay()
+    in_a_process = Evidence(2)
+    for _ in range(MAX_SAMPLES):
+        in_a_process.add(1, 0.003, 0.003, None)
+    assert not in_a_process.recheck_stay()
