@@ -2102,10 +2102,11 @@ class SmartExecutor(Executor):
         # items on and the chunks agree on one now (a map on threads whose
         # first chunks came back before the pool's clocks could be read): the
         # first look that could price it decides.
+        kind_found_late = (
+            evidence.stay_noted and evidence.noted_kind is None and evidence.kind is not None
+        )
         refresh_only = (
-            evidence.stay_noted
-            and evidence.per_item_s >= CHEAP_ITEM_S
-            and not (evidence.noted_kind is None and evidence.kind is not None)
+            evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S and not kind_found_late
         )
         if refresh_only and not stream.input_read and evidence.recheck_stay():
             # Dear items keep their route at a later look; their figures are
@@ -2198,7 +2199,7 @@ class SmartExecutor(Executor):
         # still go to the profile.
         reworded = (
             replaces is None
-            or (evidence.noted_kind is None and evidence.kind is not None)
+            or kind_found_late
             or (
                 not stream.input_read
                 and (stream.remaining is None or stream.remaining >= evidence.items)
