@@ -328,7 +328,16 @@ class ThreadBackend(Backend):
             pool = self._pool
         self._sched.close()
         if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+            own = self.runs_this_thread()
+            # From one of the pool's own threads (a done-callback of a call
+            # it ran), joining every thread would join this one: the stdlib
+            # raises "cannot join current thread". Wait for the others only;
+            # this thread returns to the pool, which lets it exit.
+            pool.shutdown(wait=wait and not own, cancel_futures=cancel_futures)
+            if wait and own:
+                for thread in list(getattr(pool, "_threads", ())):
+                    if thread is not threading.current_thread():
+                        thread.join()
             if wait:
                 # Its threads have exited: let their Thread objects go now,
                 # not when the garbage collector finds this backend (CPython's
