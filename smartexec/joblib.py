@@ -63,6 +63,11 @@ BACKEND_NAME = "smartexec"
 #: arrays through shared memory and picks its start method itself.
 _JOBLIB_POOL_OPTIONS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbose", "context"})
 
+#: ``Parallel(timeout=t)`` runs its calls with ``task_timeout`` of this many
+#: times ``t`` plus a second: they go where a call can be stopped (fork
+#: workers, not threads), and joblib's own timeout fires first.
+JOBLIB_TIMEOUT_BACKSTOP = 2.0
+
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)``: the callable a batch of several functions is routed on."""
@@ -354,6 +359,16 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
         }
         if prefer is not None:
             options["prefer"] = prefer
+        timeout = getattr(parallel, "timeout", None)
+        if timeout is not None and "task_timeout" not in options:
+            # Parallel(timeout=) stops the run itself (abort_everything kills
+            # the workers), which only works where a running call can be
+            # stopped: as with task_timeout, work stays off threads (a
+            # thread cannot be stopped; a measured "waits" had moved such
+            # calls there and a 0.5 s timeout waited 5 s). The executor's own
+            # deadline, later than joblib's, is only a backstop, so joblib's
+            # TimeoutError is the one raised.
+            options["task_timeout"] = JOBLIB_TIMEOUT_BACKSTOP * float(timeout) + 1.0
         self.terminate()
         self._executor_kwargs = {"max_workers": n, **options}
         self._executor = SmartExecutor(**self._executor_kwargs)

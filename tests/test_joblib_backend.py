@@ -36,6 +36,13 @@ def pid_after(seconds):
     return os.getpid()
 
 
+def pid_after_polls(seconds, polls=2):
+    """``pid_after`` in ``polls`` sleeps: a loop, so the code hint leaves it to processes."""
+    for _ in range(polls):
+        time.sleep(seconds / polls)
+    return os.getpid()
+
+
 class Unusual(Exception):
     """An exception type of the user's own, with a message and an attribute."""
 
@@ -234,7 +241,7 @@ def test_n_jobs_has_joblibs_meaning():
 
 @pytest.mark.timeout(60)
 def test_n_jobs_sets_the_workers():
-    got, backend = run(lambda: (delayed(pid_after)(0.05) for _ in range(12)), n_jobs=3)
+    got, backend = run(lambda: (delayed(pid_after_polls)(0.05) for _ in range(12)), n_jobs=3)
     assert os.getpid() not in got and 1 <= len(set(got)) <= 3
     got, _ = run(lambda: (delayed(pid_after)(0) for _ in range(3)), n_jobs=1)
     assert got == [os.getpid()] * 3  # joblib runs n_jobs=1 in the calling thread
@@ -244,8 +251,8 @@ def test_n_jobs_sets_the_workers():
 def test_with_parallel_block_keeps_one_executor_for_its_calls():
     with parallel_config(backend="smartexec", n_jobs=2):
         with Parallel() as parallel:
-            first = parallel(delayed(pid_after)(0) for _ in range(6))
-            second = parallel(delayed(pid_after)(0) for _ in range(6))
+            first = parallel(delayed(pid_after_polls)(0) for _ in range(6))
+            second = parallel(delayed(pid_after_polls)(0) for _ in range(6))
     assert os.getpid() not in first and set(first) & set(second)  # the same workers
 
 
@@ -345,6 +352,8 @@ def test_tiny_items_are_batched_as_joblibs_process_backends_batch_them():
 @pytest.mark.timeout(60)
 def test_parallels_timeout_raises_and_stops_the_workers():
     start = time.monotonic()
+    # pid_after's code (a call of time.sleep) sends it to threads without a
+    # timeout; with one, it runs where a call can be stopped.
     with pytest.raises(multiprocessing.TimeoutError):  # what joblib raises on every backend
         with parallel_config(backend="smartexec", n_jobs=2):
             Parallel(timeout=0.5)(delayed(pid_after)(30) for _ in range(4))
