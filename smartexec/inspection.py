@@ -29,6 +29,8 @@ from typing import Any
 
 import cloudpickle
 
+from ._code_hint import code_hint
+
 __all__ = [
     "CallableProfile",
     "PayloadSize",
@@ -132,6 +134,9 @@ class CallableProfile:
         state_holder: what holds that state, for messages, e.g.
             ``"__self__ (an Index)"`` or ``"cells 'table', 'n'"``.
         gil_hint: why the callable is known to release the GIL, or None.
+        code_hint: why the Python code it runs suggests it releases the GIL
+            (:func:`smartexec._code_hint.code_hint`), or None. Weaker than
+            ``gil_hint``: a measurement of the callable overrides it.
     """
 
     kind: str
@@ -140,6 +145,7 @@ class CallableProfile:
     state: PayloadSize
     state_holder: str = ""
     gil_hint: str | None = None
+    code_hint: str | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -341,7 +347,13 @@ def inspect_callable(
         inner = inspect_callable(fn.func, cap_bytes=cap_bytes)
         state = payload_size(fn, cap_bytes=cap_bytes)
         return CallableProfile(
-            "partial", name, inner.by_reference, state, "the partial's arguments", inner.gil_hint
+            "partial",
+            name,
+            inner.by_reference,
+            state,
+            "the partial's arguments",
+            inner.gil_hint,
+            inner.code_hint,
         )
     if np is not None and isinstance(fn, np.ufunc):
         return CallableProfile(
@@ -361,6 +373,7 @@ def inspect_callable(
             state,
             f"__self__ ({_a(owner)})",
             _gil_hint(type(owner)),
+            code_hint(fn.__func__),
         )
     if isinstance(fn, types.BuiltinFunctionType):
         owner = fn.__self__
@@ -373,7 +386,9 @@ def inspect_callable(
     if isinstance(fn, types.FunctionType):
         by_reference = pickles_by_reference(fn)
         if by_reference:
-            return CallableProfile("function", name, True, none, gil_hint=_gil_hint(fn))
+            return CallableProfile(
+                "function", name, True, none, gil_hint=_gil_hint(fn), code_hint=code_hint(fn)
+            )
         if fn.__name__ == "<lambda>":
             kind = "lambda"
         elif fn.__closure__:
@@ -388,7 +403,14 @@ def inspect_callable(
             if cells
             else "its code and the globals it uses"
         )
-        return CallableProfile(kind, name, False, payload_size(fn, cap_bytes=cap_bytes), holder)
+        return CallableProfile(
+            kind,
+            name,
+            False,
+            payload_size(fn, cap_bytes=cap_bytes),
+            holder,
+            code_hint=code_hint(fn),
+        )
     if isinstance(
         fn,
         (

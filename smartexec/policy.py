@@ -18,6 +18,8 @@ state over ``big_state_bytes``, no fork       loky        sent once per worker, 
 known GIL-releasing callable                  thread      no pickling, threads run in parallel
 free-threaded build (GIL disabled)            thread      threads run Python code in parallel
 measured: waits or computes without the GIL   thread      no pickling, threads run in parallel
+unmeasured, straight-line code that calls    thread      measured on threads, moves if held
+  a GIL-releasing function
 lambda / closure / nested / ``__main__``      fork        cloudpickle sends the code by value
   ... where fork is not available             loky        the same, to fresh interpreters
 importable function, fork available           fork        real parallelism, fast worker start
@@ -28,6 +30,14 @@ importable function, no fork                  loky        real parallelism
 its numpy buffers into shared memory, and each worker unpickles it at its
 first chunk and keeps it (:mod:`smartexec.transport`). The same happens when
 ``backend="loky"`` is forced for a callable with big state.
+
+The "straight-line code" row reads the function's bytecode (:mod:`smartexec._code_hint`):
+``def f(i): time.sleep(0.01)`` or ``def f(a): return np.einsum("i,i->", a, a)``
+spend their time in a call that releases the GIL. It is a first guess, not a
+verdict: the map's first chunks on threads measure the GIL, the rest moves to
+processes if they find it held, and that measurement routes the callable's
+next maps (submits stay on threads). Code that reaches what acts on the whole
+process (``os._exit``, ``faulthandler``, ``ctypes``, ``signal``) gets no hint.
 
 The last four rows hold for a callable that holds the GIL, or that has not
 been measured yet. Such a callable is not measured in the calling process (a
@@ -185,6 +195,13 @@ def measured_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
     """
     unmeasured = (GIL_UNKNOWN + GIL_NOT_MEASURED, GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES)
     return tuple(GIL_UNKNOWN if reason in unmeasured else reason for reason in reasons)
+
+
+#: Why a callable that its code hint sends to threads can still move.
+CODE_HINT_THREADS = (
+    "threads run it with no pickling; its first chunks measure its GIL use there, "
+    "and the rest of a map moves to processes if they find the GIL held"
+)
 
 
 def _describe(profile: CallableProfile) -> str:
@@ -565,6 +582,13 @@ def _decide(
         else:
             how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
         return Decision("thread", (what, str(measured), how), profile=profile, gil=measured)
+    if measured is None and measurable and profile.code_hint is not None:
+        return Decision(
+            "thread",
+            (what, profile.code_hint, CODE_HINT_THREADS),
+            profile=profile,
+            measure=options.allow_inline,
+        )
     if options.prefer == "processes":
         gil_reason = "prefer='processes' was given"
     elif measured is not None:

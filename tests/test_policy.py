@@ -20,8 +20,8 @@ NONE = PayloadSize(0)
 LOCKED = PayloadSize(10, error="TypeError: cannot pickle '_thread.lock' object")
 
 
-def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
-    return CallableProfile(kind, "f", by_reference, state, "its state", gil_hint)
+def profile(kind, *, by_reference=True, state=NONE, gil_hint=None, code_hint=None):
+    return CallableProfile(kind, "f", by_reference, state, "its state", gil_hint, code_hint)
 
 
 @pytest.mark.parametrize(
@@ -59,6 +59,12 @@ def profile(kind, *, by_reference=True, state=NONE, gil_hint=None):
         (profile("ufunc", gil_hint="ufunc"), LINUX, Options(), "thread", False),
         (profile("builtin", gil_hint="sleeps"), LINUX, Options(prefer="processes"), "fork", False),
         (profile("function"), LINUX, Options(prefer="threads"), "thread", False),
+        # a code hint: threads first, unless the user said processes
+        (profile("function", code_hint="calls time.sleep"), LINUX, Options(), "thread", False),
+        (profile("main", by_reference=False, code_hint="c"), NO_FORK, Options(), "thread", False),
+        (profile("function", code_hint="c"), LINUX, Options(prefer="processes"), "fork", False),
+        # ... and big state shared by copy-on-write still wins
+        (profile("bound_method", state=BIG, code_hint="c"), LINUX, Options(), "fork", True),
         (profile("function"), FREE_THREADED, Options(), "thread", False),
         # importable GIL-holding work: processes
         (profile("function"), LINUX, Options(), "fork", False),
@@ -241,3 +247,16 @@ def test_task_timeout_never_forks_the_users_threads(prof, backend, share):
     if backend == "thread" and prof.kind != "builtin":
         assert "cannot stop the call" in decision.reasons[-1]
     assert decide(prof, LINUX, Options(stoppable=True)).backend == "fork"
+
+
+def test_a_measurement_wins_over_the_code_hint():
+    from smartexec.gil import GilProfile
+
+    hinted = profile("function", code_hint="its code calls time.sleep, with no loop or branch")
+    first = decide(hinted, LINUX, Options())
+    assert first.backend == "thread" and first.gil is None
+    assert "its code calls time.sleep, with no loop or branch" in first.reasons
+    held = GilProfile("holds", 2, 0.02, 0.99, 0.9, 40)
+    assert decide(hinted, LINUX, Options(), held).backend == "fork"
+    waits = GilProfile("waits", 2, 0.02, 0.01, 0.0, 40)
+    assert decide(hinted, LINUX, Options(), waits).gil == waits

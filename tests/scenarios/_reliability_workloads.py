@@ -26,8 +26,18 @@ def kill_self_once(i, marker):
 
 
 def sleep_then_return(seconds):
-    time.sleep(seconds)
-    return seconds, os.getpid()
+    """Sleep ``seconds`` in naps of at most one second; return ``(seconds, pid)``.
+
+    The naps are a loop, so the code hint (which would start a lone
+    ``time.sleep`` on threads) leaves it to processes, where these tests
+    stop, kill and count workers.
+    """
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return seconds, os.getpid()
+        time.sleep(min(left, 1.0))
 
 
 class NeedsArgs(Exception):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 
 def meet(x, folder):
     """(pid, met): item 0 and item 1 each wait (up to 20 s) until the other has started.
@@ -24,8 +26,15 @@ def meet(x, folder):
     return os.getpid(), True
 
 
+def _nap(seconds):
+    """``time.sleep`` through a helper: the code hint reads no further, so
+    the waiting workloads here start on processes, as unmeasured waiting
+    code does (a socket read, a query), and move from what they measure."""
+    time.sleep(seconds)
+
+
 def wait_10ms(x):
-    time.sleep(0.01)
+    _nap(0.01)
     return x
 
 
@@ -77,3 +86,24 @@ def busy_5us(x):
     while time.perf_counter() < end:
         pass
     return x
+
+
+def sleep_once(x):
+    """Straight-line code calling ``time.sleep``: the code hint starts it on threads."""
+    time.sleep(0.005)
+    return x
+
+
+def einsum_total(a):
+    """Straight-line code calling numpy: the code hint starts it on threads."""
+    return float(np.einsum("i,i->", a, a))
+
+
+def misleading(n):
+    """Straight-line code calling ``time.sleep(0)``, then ``sum(range(n))``, which holds the GIL.
+
+    The code hint starts it on threads; what its first chunks measure there
+    moves it to processes.
+    """
+    time.sleep(0)
+    return sum(range(n))

@@ -1,0 +1,186 @@
+"""What a Python function's own code says about its GIL use, read without running it.
+
+A function whose code is straight-line (no loop, no branch), and which
+calls a function known to release the GIL (``time.sleep``, hashlib, zlib, numpy), most likely spends
+its time in that call: ``def fetch(i): time.sleep(0.01)``, ``def digest(b):
+return hashlib.sha256(b).hexdigest()``, ``def total(a): return
+np.einsum("i,i->", a, a)``. :func:`code_hint` says so, and why; the policy
+then starts such a callable's first map on threads, where its first chunks
+measure the GIL and move the rest to processes if they find it held
+(:mod:`smartexec.policy`). A measurement always wins over the hint.
+
+Only names the code loads as globals or from its closure's cells (and
+attributes of modules reached through them) are resolved, by dictionary lookups: nothing is imported,
+called, or looked up through ``__getattr__``. A jump (a loop, or a branch:
+``if retry: time.sleep(1)`` beside the real work), nested code (a comprehension before Python 3.12, an inner function), a
+generator or coroutine, or code over :data:`MAX_CODE_BYTES` give no hint:
+their time may go anywhere. Nor does code that reaches what acts on the
+whole process (``os._exit``, ``os.kill``, ``sys.exit``, ``faulthandler``,
+``ctypes``, ``signal``): on a thread it would end, signal or crash this
+process, where in a worker it fails one item.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import inspect
+import types
+from typing import Any
+
+__all__ = ["code_hint", "MAX_CODE_BYTES"]
+
+#: Longer code is not read (a function that long does more than one call).
+MAX_CODE_BYTES = 2048
+
+_NOT_FOUND = object()
+
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
+
+_NOT_PLAIN = (
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+    | inspect.CO_ITERABLE_COROUTINE
+)
+
+_NUMPY = "numpy computes on arrays without the GIL"
+
+#: Code that reaches any of these gives no hint, whatever else it calls: on
+#: threads it would act on this process (end it, signal it, crash it through
+#: raw memory access) where a worker process only fails its item.
+_PROCESS_WIDE = {
+    "os": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
+    "posix": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
+    "sys": frozenset({"exit"}),
+    "builtins": frozenset({"exit", "quit"}),
+}
+_PROCESS_WIDE_MODULES = ("faulthandler", "ctypes", "_ctypes", "signal", "_signal")
+
+
+def _process_wide(obj: Any) -> bool:
+    """Whether ``obj`` is a module or function of :data:`_PROCESS_WIDE` (lookups only)."""
+    from .inspection import attribute
+
+    if isinstance(obj, types.ModuleType):
+        module, name = obj.__name__, None
+    else:
+        module, name = attribute(obj, "__module__"), attribute(obj, "__name__")
+    if not isinstance(module, str):
+        return False
+    if module.split(".")[0] in _PROCESS_WIDE_MODULES:
+        return True
+    return name is not None and name in _PROCESS_WIDE.get(module, ())
+
+
+def _release_hint(obj: Any) -> str | None:
+    """Why calling ``obj`` releases the GIL, or None (a dictionary lookup, never a call)."""
+    from .inspection import _gil_hint as gil_hint
+    from .inspection import attribute
+
+    if isinstance(obj, (type, types.ModuleType)) or not callable(obj):
+        return None
+    hint = gil_hint(obj)
+    if hint is not None:
+        return hint
+    module = attribute(obj, "__module__")
+    if isinstance(module, str) and (module == "numpy" or module.startswith("numpy.")):
+        return _NUMPY
+    return None
+
+
+def code_hint(fn: Any) -> str | None:
+    """Why ``fn``'s code suggests it runs without the GIL, or None.
+
+    Args:
+        fn: any object; only a Python function (``types.FunctionType``) can
+            give a hint.
+
+    Returns:
+        e.g. ``"its code calls time.sleep, with no loop or branch (time.sleep
+        waits without the GIL)"``, or None: not a plain Python function, a
+        loop, a branch or nested code in it, no call of a known GIL-releasing function found,
+        or code over :data:`MAX_CODE_BYTES`. Never raises.
+    """
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+        return None
+    if len(code.co_code) > MAX_CODE_BYTES or code.co_flags & _NOT_PLAIN:
+        return None
+    if any(isinstance(const, types.CodeType) for const in code.co_consts):
+        return None
+    namespace = fn.__globals__
+    builtins_ns = namespace.get("__builtins__", builtins)
+    if isinstance(builtins_ns, types.ModuleType):
+        builtins_ns = vars(builtins_ns)
+    if not isinstance(builtins_ns, dict):
+        builtins_ns = vars(builtins)
+    cells: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            cells[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    found: str | None = None
+    current: Any = _NOT_FOUND
+    dotted = ""
+    try:
+        instructions = list(dis.get_instructions(code))
+    except Exception:  # noqa: BLE001 - odd code objects give no hint
+        return None
+    for ins in instructions:
+        if ins.opcode in _JUMPS or ins.opname == "FOR_ITER":
+            # A loop (its time may go anywhere), or a branch: the call may be
+            # the rare path (a retry's back-off sleep beside the real work).
+            return None
+        if ins.opname == "LOAD_GLOBAL" and isinstance(ins.argval, str):
+            dotted = ins.argval
+            current = namespace.get(dotted, builtins_ns.get(dotted, _NOT_FOUND))
+        elif ins.opname == "LOAD_DEREF" and ins.argval in cells:
+            dotted = ins.argval
+            current = cells[dotted]
+        elif (
+            ins.opname in ("LOAD_ATTR", "LOAD_METHOD")
+            and isinstance(current, types.ModuleType)
+            and isinstance(ins.argval, str)
+        ):
+            dotted = f"{dotted}.{ins.argval}"
+            current = vars(current).get(ins.argval, _NOT_FOUND)
+        else:
+            current = _NOT_FOUND
+            continue
+        if current is _NOT_FOUND:
+            if ins.opname != "LOAD_ATTR" and ins.opname != "LOAD_METHOD":
+                return None  # a global not defined yet: it could be anything
+            continue
+        if _process_wide(current):
+            return None
+        hint = _release_hint(current)
+        if hint is None and _runs_python(current):
+            # Python code of its own (a helper of the user's): its time may
+            # go anywhere (``python_loop(n) + np.sort(a)[0]`` holds the GIL
+            # half the time).
+            return None
+        if found is None and hint is not None:
+            found = f"its code calls {dotted}, with no loop or branch ({hint})"
+    return found
+
+
+def _runs_python(obj: Any) -> bool:
+    """Whether calling ``obj`` (a function, a class, a callable object) runs Python code of its own."""
+    if isinstance(obj, types.ModuleType):
+        return False
+    if isinstance(obj, (types.FunctionType, types.MethodType)):
+        return True
+    try:
+        if isinstance(obj, type):  # constructing it runs its __init__ / __new__
+            return any(
+                isinstance(
+                    inspect.getattr_static(obj, name, None), (types.FunctionType, staticmethod)
+                )
+                for name in ("__init__", "__new__")
+            )
+        call = inspect.getattr_static(type(obj), "__call__", None)
+    except Exception:  # noqa: BLE001 - an odd metaclass: assume the worst
+        return True
+    return isinstance(call, types.FunctionType)

@@ -1,0 +1,216 @@
+"""What a function's bytecode says about its GIL use (pure: nothing runs)."""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import hashlib
+import math
+import os
+import signal
+import sys
+import time
+import zlib
+from time import sleep
+
+import pytest
+
+from smartexec._code_hint import MAX_CODE_BYTES, code_hint
+from smartexec.inspection import inspect_callable
+
+
+def waits(i):
+    time.sleep(0.01)
+    return i
+
+
+def waits_imported_name(i):
+    sleep(0.01)
+
+
+def digests(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def compresses(data):
+    return zlib.compress(data)
+
+
+def sleeps_sometimes(x):
+    if x < 0:
+        time.sleep(1)  # a rare back-off beside the real work
+    return arithmetic(x)
+
+
+def looping(n):
+    for _ in range(n):
+        time.sleep(0)
+
+
+def while_looping(n):
+    while n:
+        n -= 1
+    time.sleep(0)
+
+
+def comprehension(items):
+    return [time.sleep(0) for _ in items]
+
+
+def with_inner(i):
+    def inner():
+        return i
+
+    time.sleep(0)
+    return inner
+
+
+def generator(i):
+    time.sleep(0)
+    yield i
+
+
+def arithmetic(x):
+    return x * x
+
+
+def scalar_math(x):
+    return math.sqrt(x)
+
+
+def crashes(delay):
+    time.sleep(delay)
+    faulthandler._sigsegv()
+
+
+def exits(delay):
+    time.sleep(delay)
+    os._exit(1)
+
+
+def kills(pid, delay):
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+
+
+def raw_memory(delay):
+    time.sleep(delay)
+    return ctypes.string_at(0)
+
+
+def system_exit(delay):
+    time.sleep(delay)
+    sys.exit(3)
+
+
+def unknown_global(i):
+    time.sleep(0)
+    return not_defined_anywhere(i)  # noqa: F821
+
+
+@pytest.mark.parametrize(
+    "fn, names",
+    [
+        (waits, "time.sleep"),
+        (waits_imported_name, "sleep"),
+        (digests, "hashlib.sha256"),
+        (compresses, "zlib.compress"),
+        (lambda i: time.sleep(i), "time.sleep"),
+    ],
+)
+def test_loop_free_code_that_calls_a_gil_releasing_function_gets_a_hint(fn, names):
+    hint = code_hint(fn)
+    assert hint is not None and hint.startswith(f"its code calls {names}, with no loop or branch")
+
+
+def test_numpy_calls_give_a_hint_and_numpy_types_do_not():
+    np = pytest.importorskip("numpy")
+
+    def einsum(a):
+        return np.einsum("i,i->", a, a)
+
+    def scalar(x):
+        return np.float64(x)
+
+    assert "np.einsum" in code_hint(einsum)
+    assert code_hint(scalar) is None
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        looping,
+        while_looping,
+        comprehension,
+        with_inner,
+        generator,
+        arithmetic,
+        scalar_math,
+        sleeps_sometimes,
+    ],
+)
+def test_loops_branches_nested_code_and_plain_work_give_no_hint(fn):
+    assert code_hint(fn) is None
+
+
+@pytest.mark.parametrize("fn", [crashes, exits, kills, raw_memory, system_exit])
+def test_code_that_acts_on_the_whole_process_gets_no_hint(fn):
+    # On a thread it would crash, end or signal this process.
+    assert code_hint(fn) is None
+
+
+def calls_a_helper(n):
+    time.sleep(0)
+    return arithmetic(n)
+
+
+class Record:
+    def __init__(self, x):
+        self.x = x
+
+
+def builds_a_record(x):
+    time.sleep(0)
+    return Record(x)
+
+
+def converts(x):
+    time.sleep(0)
+    return float(x)
+
+
+@pytest.mark.parametrize("fn", [calls_a_helper, builds_a_record, unknown_global])
+def test_code_that_runs_python_of_its_own_gets_no_hint(fn):
+    # A helper's time may go anywhere: python_loop(n) + np.sort(a)[0] holds
+    # the GIL half the time; a global not defined yet could be anything.
+    assert code_hint(fn) is None
+
+
+def test_builtin_types_and_functions_beside_the_call_keep_the_hint():
+    assert code_hint(converts) is not None
+
+
+def test_only_plain_python_functions_are_read():
+    assert code_hint(time.sleep) is None  # a builtin: inspection's own table covers it
+    assert code_hint(int) is None
+    assert code_hint(object()) is None
+
+
+def test_long_code_is_not_read():
+    body = "\n".join(f"    x{i} = x + {i}" for i in range(MAX_CODE_BYTES // 4))
+    namespace = {"time": time}
+    exec(f"def long(x):\n    time.sleep(0)\n{body}\n", namespace)
+    assert code_hint(namespace["long"]) is None
+
+
+def test_inspection_carries_the_hint_for_functions_methods_and_partials():
+    import functools
+
+    class Holder:
+        def wait(self, i):
+            time.sleep(i)
+
+    assert inspect_callable(waits).code_hint is not None
+    assert inspect_callable(Holder().wait).code_hint is not None
+    assert inspect_callable(functools.partial(waits, 1)).code_hint is not None
+    assert inspect_callable(looping).code_hint is None
