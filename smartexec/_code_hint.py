@@ -184,3 +184,127 @@ def _runs_python(obj: Any) -> bool:
     except Exception:  # noqa: BLE001 - an odd metaclass: assume the worst
         return True
     return isinstance(call, types.FunctionType)
+
+
+#: Instructions of code that only moves values between locals and constants
+#: and does arithmetic and comparisons on them (Python 3.10 to 3.14 names).
+_ARITHMETIC_ONLY = frozenset(
+    {
+        "RESUME",
+        "NOP",
+        "CACHE",
+        "NOT_TAKEN",
+        "POP_TOP",
+        "COPY",
+        "SWAP",
+        "ROT_TWO",
+        "ROT_THREE",
+        "DUP_TOP",
+        "LOAD_FAST",
+        "LOAD_FAST_CHECK",
+        "LOAD_FAST_AND_CLEAR",
+        "LOAD_FAST_LOAD_FAST",
+        "LOAD_FAST_BORROW",
+        "LOAD_FAST_BORROW_LOAD_FAST_BORROW",
+        "LOAD_CONST",
+        "LOAD_SMALL_INT",
+        "STORE_FAST",
+        "STORE_FAST_LOAD_FAST",
+        "STORE_FAST_STORE_FAST",
+        "BINARY_OP",
+        "COMPARE_OP",
+        "UNARY_NEGATIVE",
+        "UNARY_POSITIVE",
+        "UNARY_NOT",
+        "UNARY_INVERT",
+        "TO_BOOL",
+        "BUILD_TUPLE",
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        # Python 3.10's arithmetic, one opcode per operator
+        "BINARY_ADD",
+        "BINARY_SUBTRACT",
+        "BINARY_MULTIPLY",
+        "BINARY_TRUE_DIVIDE",
+        "BINARY_FLOOR_DIVIDE",
+        "BINARY_MODULO",
+        "BINARY_AND",
+        "BINARY_OR",
+        "BINARY_XOR",
+        "BINARY_RSHIFT",
+        "INPLACE_ADD",
+        "INPLACE_SUBTRACT",
+        "INPLACE_MULTIPLY",
+        "INPLACE_TRUE_DIVIDE",
+        "INPLACE_FLOOR_DIVIDE",
+        "INPLACE_MODULO",
+        "INPLACE_AND",
+        "INPLACE_OR",
+        "INPLACE_XOR",
+        "INPLACE_RSHIFT",
+    }
+)
+
+#: Operators whose cost grows with their operands' values, not their size:
+#: ``2 ** n`` and ``1 << n`` build an n-bit number.
+_GROWING = frozenset({"**", "**=", "<<", "<<="})
+
+#: Why such code is cheap, for ``explain()``.
+ARITHMETIC_ONLY = (
+    "its code only does arithmetic on its arguments (no call, no loop, no attribute or "
+    "item access), and they are small numbers: well under a microsecond an item, far "
+    "less than sending one to a worker costs"
+)
+
+
+def arithmetic_only(fn: Any) -> bool:
+    """Whether ``fn`` is a Python function whose code only does arithmetic on its locals.
+
+    No call, no loop or branch, no attribute, item or global access, no
+    ``**`` or ``<<``: on small numbers each call costs well under a
+    microsecond, and nothing in it can crash or act on the process (an
+    operand of the user's own type could run its own ``__mul__``: the caller
+    checks the arguments are numbers, :func:`small_numbers`).
+
+    Args:
+        fn: any object.
+
+    Returns:
+        True or False; never raises.
+    """
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+        return False
+    if len(code.co_code) > MAX_CODE_BYTES or code.co_flags & _NOT_PLAIN or code.co_freevars:
+        return False
+    try:
+        for ins in dis.get_instructions(code):
+            if ins.opname not in _ARITHMETIC_ONLY:
+                return False
+            if ins.opname == "BINARY_OP" and ins.argrepr in _GROWING:
+                return False
+    except Exception:  # noqa: BLE001 - odd code objects: not known to be cheap
+        return False
+    return True
+
+
+def small_numbers(iterables: tuple[Any, ...]) -> bool:
+    """Whether the first item of every iterable is a small number (looked at, not consumed).
+
+    Only lists, tuples and ranges are looked at; a ``bool``, an ``int`` under
+    2**63 in size, a ``float`` or a ``complex`` (exactly those types, not
+    subclasses) counts. False for anything else, or an empty input.
+    """
+    if not iterables:
+        return False
+    for iterable in iterables:
+        if not isinstance(iterable, (list, tuple, range)) or len(iterable) == 0:
+            return False
+        first = iterable[0]
+        kind = type(first)
+        if kind is int:
+            if not -(2**63) <= first < 2**63:
+                return False
+        elif kind not in (float, bool, complex):
+            return False
+    return True

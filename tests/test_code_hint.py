@@ -15,7 +15,7 @@ from time import sleep
 
 import pytest
 
-from smartexec._code_hint import MAX_CODE_BYTES, code_hint
+from smartexec._code_hint import MAX_CODE_BYTES, arithmetic_only, code_hint, small_numbers
 from smartexec.inspection import inspect_callable
 
 
@@ -214,3 +214,69 @@ def test_inspection_carries_the_hint_for_functions_methods_and_partials():
     assert inspect_callable(Holder().wait).code_hint is not None
     assert inspect_callable(functools.partial(waits, 1)).code_hint is not None
     assert inspect_callable(looping).code_hint is None
+
+
+def _polynomial(x, y):
+    z = x * 3 + y
+    return z - 1, x < y
+
+
+def _power(x):
+    return x**2
+
+
+def _shift(x):
+    return 1 << x
+
+
+def _absolute(x):
+    return abs(x)
+
+
+def _branch(x):
+    return x if x > 0 else -x
+
+
+def _attribute(x):
+    return x.real
+
+
+def _global_constant(x):
+    return math.pi * x
+
+
+@pytest.mark.parametrize(
+    "fn, cheap",
+    [
+        (arithmetic, True),
+        (_polynomial, True),
+        (lambda x: x + 1, True),
+        (_power, False),  # 2 ** n builds an n-bit number
+        (_shift, False),
+        (_absolute, False),  # a call
+        (_branch, False),
+        (_attribute, False),
+        (_global_constant, False),
+        (waits, False),
+        (abs, False),
+    ],
+)
+def test_which_code_only_does_arithmetic(fn, cheap):
+    assert arithmetic_only(fn) is cheap
+
+
+def test_which_inputs_are_small_numbers():
+    assert small_numbers(([1, 2],))
+    assert small_numbers((range(10), (1.5,)))
+    assert small_numbers(([True], [1j]))
+    assert not small_numbers(([2**63],))
+    assert not small_numbers((["a"],))
+    assert not small_numbers(([1], ["a"]))
+    assert not small_numbers((iter([1]),))
+    assert not small_numbers(([],))
+    assert not small_numbers(())
+
+    class Number(int):
+        pass
+
+    assert not small_numbers(([Number(1)],))  # its * may be the user's own

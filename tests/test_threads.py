@@ -101,10 +101,10 @@ def test_after_a_tqdm_bar_its_monitor_does_not_stop_fork():
             time.sleep(0.001)
         assert tqdm.monitor is not None and tqdm.monitor.is_alive()
         with SmartExecutor(2) as ex:
-            decision = ex.explain(w.square)
+            decision = ex.explain(w.square_by_call)
             print("backend", decision.backend)
             print("reasons", str(decision).replace("\\n", " "))
-            print("squares", list(ex.map(w.square, range(4))), ex.decisions()[-1].backend)
+            print("squares", list(ex.map(w.square_by_call, range(4))), ex.decisions()[-1].backend)
         """
     )
     assert "backend fork" in out and "tqdm's monitor: 'tqdm_monitor'" in out, out
@@ -132,10 +132,10 @@ def test_in_a_jupyter_kernel_its_threads_do_not_stop_fork():
             return x + 1
 
         with SmartExecutor(2) as ex:
-            decision = ex.explain(w.square)
+            decision = ex.explain(w.square_by_call)
             print("backend", decision.backend)
             print("reasons", str(decision).replace("\\n", " "))
-            print("squares", list(ex.map(w.square, range(4))), ex.decisions()[-1].backend)
+            print("squares", list(ex.map(w.square_by_call, range(4))), ex.decisions()[-1].backend)
             print("cell", ex.explain(cell_function).backend, list(ex.map(cell_function, range(3))))
         """
     )

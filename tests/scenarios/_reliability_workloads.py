@@ -58,6 +58,11 @@ def fail(i):
     raise ValueError(f"item {i}")
 
 
+def square_by_call(x):
+    """``x * x`` through a call: not plain arithmetic, so a first map measures it in workers."""
+    return pow(x, 2)
+
+
 def square(x):
     return x * x
 

@@ -58,6 +58,10 @@ def square(x):
     return x * x
 
 
+def doubled(x):
+    return x * 2
+
+
 def square_or_wait(x):
     """``x * x`` for non-negative ``x``; a negative one waits 2 ms first."""
     if x < 0:

@@ -22,6 +22,7 @@ from smartexec import SmartExecutor, _profiles, gil
 from ._routing_workloads import (
     array_sum,
     busy_5us,
+    doubled,
     einsum_total,
     meet,
     misleading,
@@ -352,3 +353,51 @@ def test_a_code_hint_that_proves_wrong_moves_the_map_to_processes():
     gil.forget(misleading)
     _profiles.clear()
     assert ended.backend == "fork", str(ended)
+
+
+def test_arithmetic_on_small_numbers_runs_in_a_loop_from_the_first_map():
+    # x * x over ints: no worker can gain on 0.1 us items, and the code can
+    # neither crash nor act on this process (no call at all). A first map
+    # measured on fork took 3.5x the loop to find that out.
+    _profiles.clear()
+    with SmartExecutor(max_workers=2) as ex:
+        assert list(ex.map(square, range(20_000))) == [x * x for x in range(20_000)]
+        assert set(ex.stats().backends) == {"inline"}, str(ex.stats())
+        assert "only does arithmetic" in str(ex.decisions()[-1])
+        # ... and its next map on this executor (it measured it on fork)
+        assert list(ex.map(square, range(5_000))) == [x * x for x in range(5_000)]
+        assert set(ex.stats().backends) == {"inline"}, str(ex.stats())
+    _profiles.clear()
+
+
+def test_arithmetic_whose_numbers_turn_big_moves_to_the_workers():
+    # The first item is small; the later ones are 60,000-bit numbers (x * x
+    # then takes ~0.1 ms): the loop re-checks between batches and sends the
+    # rest to workers.
+    _profiles.clear()
+    huge = 7**20_000
+    items = list(range(64)) + [huge + i for i in range(300)]
+    with SmartExecutor(max_workers=2) as ex:
+        assert list(ex.map(square, items)) == [x * x for x in items]
+        backends = ex.stats().backends
+        assert backends["inline"].items < len(items), str(ex.stats())
+        assert set(backends) - {"inline"}, str(ex.stats())
+    _profiles.clear()
+
+
+@pytest.mark.parametrize(
+    "values, as_iterator",
+    [
+        ([2**70, 3] * 20, False),  # a big number first
+        (["ab", "cd"] * 20, False),  # not numbers: their * may be anything
+        ([1, 2] * 20, True),  # an iterator: its first item is not looked at
+    ],
+)
+def test_arithmetic_on_other_inputs_is_measured_in_the_workers(values, as_iterator):
+    _profiles.clear()
+    expected = [x * 2 for x in values]
+    with SmartExecutor(max_workers=2) as ex:
+        items = iter(values) if as_iterator else values
+        assert list(ex.map(doubled, items)) == expected
+        assert first_start(ex).backend == "fork", "\n".join(map(str, ex.decisions()))
+    _profiles.clear()
