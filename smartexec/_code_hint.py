@@ -1,23 +1,30 @@
-"""What a Python function's own code says about its GIL use, read without running it.
+"""What a Python function's own code says about its cost and GIL use, read without running it.
 
-A function whose code is straight-line (no loop, no branch), and which
-calls a function known to release the GIL (``time.sleep``, hashlib, zlib, numpy), most likely spends
-its time in that call: ``def fetch(i): time.sleep(0.01)``, ``def digest(b):
-return hashlib.sha256(b).hexdigest()``, ``def total(a): return
-np.einsum("i,i->", a, a)``. :func:`code_hint` says so, and why; the policy
-then starts such a callable's first map on threads, where its first chunks
-measure the GIL and move the rest to processes if they find it held
-(:mod:`smartexec.policy`). A measurement always wins over the hint.
+Two readings of the bytecode, for callables not measured yet:
+
+* :func:`code_hint`: straight-line code (no loop, no branch) that calls a
+  function known to release the GIL (``time.sleep``, hashlib, zlib,
+  numpy), and no Python helper of its own, most likely spends its time in
+  that call: ``def fetch(i): time.sleep(0.01)``, ``def total(a): return
+  np.einsum("i,i->", a, a)``. The policy starts such a callable's first map
+  on threads, where its first chunks measure the GIL and move the rest to
+  processes if they find it held (:mod:`smartexec.policy`). A measurement
+  always wins over the hint.
+* :func:`arithmetic_only`: code that only does arithmetic on its arguments
+  (``def square(x): return x * x``) costs well under a microsecond an item
+  on small numbers (:func:`small_numbers`) and can neither crash nor act on
+  the process: a first map of it starts in a loop in the calling thread.
 
 Only names the code loads as globals or from its closure's cells (and
-attributes of modules reached through them) are resolved, by dictionary lookups: nothing is imported,
-called, or looked up through ``__getattr__``. A jump (a loop, or a branch:
-``if retry: time.sleep(1)`` beside the real work), nested code (a comprehension before Python 3.12, an inner function), a
-generator or coroutine, or code over :data:`MAX_CODE_BYTES` give no hint:
-their time may go anywhere. Nor does code that reaches what acts on the
-whole process (``os._exit``, ``os.kill``, ``sys.exit``, ``faulthandler``,
-``ctypes``, ``signal``): on a thread it would end, signal or crash this
-process, where in a worker it fails one item.
+attributes of modules reached through them) are resolved, by dictionary
+lookups: nothing is imported, called, or looked up through ``__getattr__``.
+A jump (a loop, or a branch: ``if retry: time.sleep(1)`` beside the real
+work), nested code (a comprehension before Python 3.12, an inner
+function), a generator or coroutine, or code over :data:`MAX_CODE_BYTES`
+give no hint: their time may go anywhere. Nor does code that reaches what
+acts on the whole process (``os._exit``, ``os.kill``, ``sys.exit``,
+``faulthandler``, ``ctypes``, ``signal``): on a thread it would end,
+signal or crash this process, where in a worker it fails one item.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ import inspect
 import types
 from typing import Any
 
-__all__ = ["code_hint", "MAX_CODE_BYTES"]
+__all__ = [
+    "code_hint",
+    "operator_hint",
+    "arithmetic_only",
+    "small_numbers",
+    "ARITHMETIC_ONLY",
+    "MAX_CODE_BYTES",
+]
 
 #: Longer code is not read (a function that long does more than one call).
 MAX_CODE_BYTES = 2048
@@ -53,7 +67,6 @@ _PROCESS_WIDE = {
     "os": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
     "posix": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
     "sys": frozenset({"exit"}),
-    "builtins": frozenset({"exit", "quit"}),
 }
 _PROCESS_WIDE_MODULES = ("faulthandler", "ctypes", "_ctypes", "signal", "_signal")
 
@@ -98,9 +111,11 @@ def code_hint(fn: Any) -> str | None:
 
     Returns:
         e.g. ``"its code calls time.sleep, with no loop or branch (time.sleep
-        waits without the GIL)"``, or None: not a plain Python function, a
-        loop, a branch or nested code in it, no call of a known GIL-releasing function found,
-        or code over :data:`MAX_CODE_BYTES`. Never raises.
+        waits without the GIL)"``, or None: not a plain Python function; a
+        loop, a branch or nested code in it; a call of Python code of its
+        own (a function, a class with an ``__init__``, a method of an object
+        of its globals); no call of a known GIL-releasing function; or code
+        over :data:`MAX_CODE_BYTES`. Never raises.
     """
     code = getattr(fn, "__code__", None)
     if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
@@ -146,6 +161,8 @@ def code_hint(fn: Any) -> str | None:
         ):
             dotted = f"{dotted}.{ins.argval}"
             current = vars(current).get(ins.argval, _NOT_FOUND)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and current is not _NOT_FOUND:
+            return None  # a method of an object of its globals: Python code, maybe
         else:
             current = _NOT_FOUND
             continue
@@ -308,3 +325,41 @@ def small_numbers(iterables: tuple[Any, ...]) -> bool:
         elif kind not in (float, bool, complex):
             return False
     return True
+
+
+#: ``operator`` functions whose result may be far bigger than their
+#: arguments (``2 ** n``, ``1 << n``): the work is not one pass over them.
+_OPERATOR_GROWING = frozenset({"pow", "ipow", "lshift", "ilshift"})
+
+
+def operator_hint(fn: Any) -> str | None:
+    """Why an ``operator`` function is served better by threads, or None.
+
+    ``operator.add`` and its kin do one operation, one pass over their
+    arguments: pickling those arguments to a worker process, and the result
+    back, costs about as much as the operation itself, and a process round
+    trip (~150 us) far more than one on small numbers (20,000
+    ``submit(operator.add, i, i)`` went to fork workers until their first
+    calls were measured). Not for ``pow`` and ``lshift``, whose result can
+    be far bigger than their arguments.
+
+    Args:
+        fn: any object.
+
+    Returns:
+        The reason, or None for anything but such a builtin. Never raises.
+    """
+    if not isinstance(fn, types.BuiltinFunctionType):
+        return None
+    from .inspection import attribute
+
+    module, name = attribute(fn, "__module__"), attribute(fn, "__name__")
+    if module not in ("_operator", "operator") or not isinstance(name, str):
+        return None
+    if name in _OPERATOR_GROWING:
+        return None
+    return (
+        f"operator.{name} does one operation, one pass over its arguments: sending them "
+        f"to a process costs about as much as the operation, and a process round trip "
+        f"far more on small values"
+    )

@@ -1697,6 +1697,7 @@ class SmartExecutor(Executor):
             and timeout is None
             and self._options.prefer is None
             and (estimate.per_item_s is None or estimate.loop_here)
+            and buffersize is None
             and arithmetic_only(fn)
             and small_numbers(iterables)
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._code_hint import code_hint
+from ._code_hint import code_hint, operator_hint
 
 __all__ = [
     "CallableProfile",
@@ -134,9 +134,12 @@ class CallableProfile:
         state_holder: what holds that state, for messages, e.g.
             ``"__self__ (an Index)"`` or ``"cells 'table', 'n'"``.
         gil_hint: why the callable is known to release the GIL, or None.
-        code_hint: why the Python code it runs suggests it releases the GIL
-            (:func:`smartexec._code_hint.code_hint`), or None. Weaker than
-            ``gil_hint``: a measurement of the callable overrides it.
+        code_hint: why what it runs suggests threads serve it, or None: its
+            Python code calls a GIL-releasing function
+            (:func:`smartexec._code_hint.code_hint`), or it is an
+            ``operator`` function (:func:`smartexec._code_hint.operator_hint`).
+            Weaker than ``gil_hint``: a measurement of the callable
+            overrides it.
     """
 
     kind: str
@@ -378,7 +381,9 @@ def inspect_callable(
     if isinstance(fn, types.BuiltinFunctionType):
         owner = fn.__self__
         if owner is None or isinstance(owner, (types.ModuleType, type)):
-            return CallableProfile("builtin", name, True, none, gil_hint=_gil_hint(fn))
+            return CallableProfile(
+                "builtin", name, True, none, gil_hint=_gil_hint(fn), code_hint=operator_hint(fn)
+            )
         state = payload_size(owner, cap_bytes=cap_bytes)
         return CallableProfile(
             "bound_method", name, True, state, f"__self__ ({_a(owner)})", _gil_hint(type(owner))

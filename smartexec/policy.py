@@ -19,7 +19,8 @@ known GIL-releasing callable                  thread      no pickling, threads r
 free-threaded build (GIL disabled)            thread      threads run Python code in parallel
 measured: waits or computes without the GIL   thread      no pickling, threads run in parallel
 unmeasured, straight-line code that calls    thread      measured on threads, moves if held
-  a GIL-releasing function
+  a GIL-releasing function; an ``operator``
+  function (one pass over its arguments)
 lambda / closure / nested / ``__main__``      fork        cloudpickle sends the code by value
   ... where fork is not available             loky        the same, to fresh interpreters
 importable function, fork available           fork        real parallelism, fast worker start
@@ -38,6 +39,9 @@ verdict: the map's first chunks on threads measure the GIL, the rest moves to
 processes if they find it held, and that measurement routes the callable's
 next maps (submits stay on threads). Code that reaches what acts on the whole
 process (``os._exit``, ``faulthandler``, ``ctypes``, ``signal``) gets no hint.
+``operator.add`` and its kin (not ``pow``, ``lshift``) take this row too:
+pickling their arguments to a process costs about what the one operation
+does (:func:`smartexec._code_hint.operator_hint`).
 
 The last four rows hold for a callable that holds the GIL, or that has not
 been measured yet. Such a callable is not measured in the calling process (a

@@ -179,7 +179,22 @@ def converts(x):
     return float(x)
 
 
-@pytest.mark.parametrize("fn", [calls_a_helper, builds_a_record, unknown_global])
+class Model:
+    def predict(self, x):
+        return x
+
+
+MODEL = Model()
+
+
+def calls_a_method_of_a_global(x):
+    time.sleep(0)
+    return MODEL.predict(x)
+
+
+@pytest.mark.parametrize(
+    "fn", [calls_a_helper, builds_a_record, unknown_global, calls_a_method_of_a_global]
+)
 def test_code_that_runs_python_of_its_own_gets_no_hint(fn):
     # A helper's time may go anywhere: python_loop(n) + np.sort(a)[0] holds
     # the GIL half the time; a global not defined yet could be anything.
@@ -280,3 +295,17 @@ def test_which_inputs_are_small_numbers():
         pass
 
     assert not small_numbers(([Number(1)],))  # its * may be the user's own
+
+
+def test_operator_functions_get_a_hint_but_pow_and_lshift_do_not():
+    import operator
+
+    from smartexec._code_hint import operator_hint
+
+    assert operator_hint(operator.add).startswith("operator.add does one operation")
+    assert operator_hint(operator.not_) is not None
+    assert operator_hint(operator.pow) is None  # 2 ** n: far bigger than its arguments
+    assert operator_hint(operator.lshift) is None
+    assert operator_hint(pow) is None and operator_hint(abs) is None
+    assert operator_hint(arithmetic) is None
+    assert inspect_callable(operator.add).code_hint == operator_hint(operator.add)

@@ -190,18 +190,31 @@ def test_a_pure_python_cpu_function_stays_on_processes_despite_a_stall():
         assert ex.explain(computes).backend == "fork"
 
 
+def _plus(a: int, b: int) -> int:
+    return a + b
+
+
 def test_trivial_submits_move_to_threads():
+    # A function of this module's (operator.add itself starts on threads:
+    # its inspection says one operation over its arguments).
     with SmartExecutor() as ex:
-        futures = [ex.submit(operator.add, i, 1) for i in range(300)]
+        futures = [ex.submit(_plus, i, 1) for i in range(300)]
         assert [f.result(timeout=30) for f in futures] == [i + 1 for i in range(300)]
         for i in range(20):  # the figures of the first calls are in by now
-            assert ex.submit(operator.add, i, 1).result(timeout=30) == i + 1
-        decision = ex.explain(operator.add)
+            assert ex.submit(_plus, i, 1).result(timeout=30) == i + 1
+        decision = ex.explain(_plus)
         assert decision.backend == "thread", str(decision)
         assert "less than a process round trip" in decision.reasons[0]
         stats = ex.stats().backends
         assert stats["fork"].items >= MIN_CALLS
         assert stats["thread"].items >= 20
+
+
+def test_operator_functions_are_submitted_to_threads_at_once():
+    with SmartExecutor() as ex:
+        futures = [ex.submit(operator.add, i, 1) for i in range(300)]
+        assert [f.result(timeout=30) for f in futures] == [i + 1 for i in range(300)]
+        assert set(ex.stats().backends) == {"thread"}, str(ex.stats())
 
 
 def test_run_in_executor_of_blocking_io_ends_on_threads():
