@@ -76,3 +76,35 @@ def test_the_cap_is_lifted_whichever_thread_set_it():
     with SmartExecutor(4, backend="thread") as ex:
         list(ex.map(time.sleep, [0.1] * 8, chunksize=1))
     assert blas_threads() == original
+
+
+def test_chunks_do_not_wait_while_another_thread_builds_the_blas_table(monkeypatch):
+    # Importing threadpoolctl and scanning the libraries takes ~5 ms (20 ms
+    # under load); built under the cap's lock, every pool thread's chunk
+    # waited for it. A chunk that starts meanwhile runs uncapped.
+    from smartexec import _blas
+
+    built = threading.Event()
+    release = threading.Event()
+    real = _blas.controller_for_fork
+
+    def slow_build():
+        built.set()
+        release.wait(10)
+        return real()
+
+    monkeypatch.setattr(_blas, "_controller", None)
+    monkeypatch.setattr(_blas, "controller_for_fork", slow_build)
+    cap = _blas.ThreadCap()
+    cap.enter(2)  # one chunk runs: nothing to cap yet
+    builder = threading.Thread(target=cap.enter, args=(2,))  # the second: it builds
+    builder.start()
+    assert built.wait(10)
+    start = time.monotonic()
+    cap.enter(2)  # a third chunk while the table is built: no wait
+    assert time.monotonic() - start < 1.0
+    release.set()
+    builder.join(10)
+    for _ in range(3):
+        cap.exit()
+    assert cap.active == 0
