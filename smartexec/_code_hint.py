@@ -67,8 +67,34 @@ _PROCESS_WIDE = {
     "os": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
     "posix": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
     "sys": frozenset({"exit"}),
+    # what runs or reaches code the bytecode does not show
+    "builtins": frozenset(
+        {"exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals"}
+        | {"vars", "locals", "breakpoint", "input"}
+    ),
 }
-_PROCESS_WIDE_MODULES = ("faulthandler", "ctypes", "_ctypes", "signal", "_signal")
+#: Modules (and their submodules) that give no hint: raw memory access that
+#: can crash the process (ctypes, numpy's as_strided and ctypeslib), signals,
+#: and shared global state that threads would interleave (the random
+#: modules' global generators: ``np.random.seed(i)`` then ``np.random.rand()``
+#: on six threads gave 100 of 100 results unlike a loop's).
+_PROCESS_WIDE_MODULES = (
+    "faulthandler",
+    "ctypes",
+    "_ctypes",
+    "signal",
+    "_signal",
+    "random",
+    "_random",
+    "numpy.random",
+    "numpy.lib.stride_tricks",
+    "numpy.lib._stride_tricks_impl",
+    "numpy.ctypeslib",
+)
+
+#: Types of numpy's callables that the numpy hint covers (not, e.g.,
+#: ``np.vectorize``, whose calls run a Python function).
+_NUMPY_CALLABLES = frozenset({"ufunc", "_ArrayFunctionDispatcher"})
 
 
 def _process_wide(obj: Any) -> bool:
@@ -81,7 +107,7 @@ def _process_wide(obj: Any) -> bool:
         module, name = attribute(obj, "__module__"), attribute(obj, "__name__")
     if not isinstance(module, str):
         return False
-    if module.split(".")[0] in _PROCESS_WIDE_MODULES:
+    if any(module == m or module.startswith(m + ".") for m in _PROCESS_WIDE_MODULES):
         return True
     return name is not None and name in _PROCESS_WIDE.get(module, ())
 
@@ -97,7 +123,12 @@ def _release_hint(obj: Any) -> str | None:
     if hint is not None:
         return hint
     module = attribute(obj, "__module__")
-    if isinstance(module, str) and (module == "numpy" or module.startswith("numpy.")):
+    if not isinstance(module, str) or not (module == "numpy" or module.startswith("numpy.")):
+        return None
+    kind = type(obj)
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)) or (
+        kind.__name__ in _NUMPY_CALLABLES and kind.__module__.startswith("numpy")
+    ):
         return _NUMPY
     return None
 
@@ -144,6 +175,8 @@ def code_hint(fn: Any) -> str | None:
     except Exception:  # noqa: BLE001 - odd code objects give no hint
         return None
     for ins in instructions:
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF"):
+            return None  # state shared with the caller on threads, per worker on processes
         if ins.opcode in _JUMPS or ins.opname == "FOR_ITER":
             # A loop (its time may go anywhere), or a branch: the call may be
             # the rare path (a retry's back-off sleep beside the real work).
@@ -161,6 +194,8 @@ def code_hint(fn: Any) -> str | None:
         ):
             dotted = f"{dotted}.{ins.argval}"
             current = vars(current).get(ins.argval, _NOT_FOUND)
+            if current is _NOT_FOUND:
+                return None  # not loaded yet (numpy loads np.random lazily): unknown
         elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and current is not _NOT_FOUND:
             return None  # a method of an object of its globals: Python code, maybe
         else:
@@ -173,34 +208,41 @@ def code_hint(fn: Any) -> str | None:
         if _process_wide(current):
             return None
         hint = _release_hint(current)
-        if hint is None and _runs_python(current):
-            # Python code of its own (a helper of the user's): its time may
-            # go anywhere (``python_loop(n) + np.sort(a)[0]`` holds the GIL
-            # half the time).
+        if hint is None and not _plain_c(current):
+            # Python code of its own (a helper of the user's), or a wrapper
+            # that may call some (a partial, an lru_cache, np.vectorize):
+            # its time may go anywhere (``python_loop(n) + np.sort(a)[0]``
+            # holds the GIL half the time).
             return None
         if found is None and hint is not None:
             found = f"its code calls {dotted}, with no loop or branch ({hint})"
     return found
 
 
-def _runs_python(obj: Any) -> bool:
-    """Whether calling ``obj`` (a function, a class, a callable object) runs Python code of its own."""
-    if isinstance(obj, types.ModuleType):
-        return False
-    if isinstance(obj, (types.FunctionType, types.MethodType)):
+def _plain_c(obj: Any) -> bool:
+    """Whether ``obj`` is a module, plain data, or a C callable that runs no Python code of the user's.
+
+    A builtin function, or a class whose construction runs no Python
+    ``__init__`` / ``__new__`` (``float``, ``bytes``): yes. A Python
+    function, a bound method, a class of the user's, any other callable
+    object (``functools.partial``, an ``lru_cache`` wrapper, a Cython
+    function, ``np.vectorize``): no.
+    """
+    if isinstance(obj, types.ModuleType) or not callable(obj):
         return True
-    try:
-        if isinstance(obj, type):  # constructing it runs its __init__ / __new__
-            return any(
+    if isinstance(obj, types.BuiltinFunctionType):
+        return True
+    if isinstance(obj, type):
+        try:
+            return not any(
                 isinstance(
                     inspect.getattr_static(obj, name, None), (types.FunctionType, staticmethod)
                 )
                 for name in ("__init__", "__new__")
             )
-        call = inspect.getattr_static(type(obj), "__call__", None)
-    except Exception:  # noqa: BLE001 - an odd metaclass: assume the worst
-        return True
-    return isinstance(call, types.FunctionType)
+        except Exception:  # noqa: BLE001 - an odd metaclass: assume the worst
+            return False
+    return False
 
 
 #: Instructions of code that only moves values between locals and constants
@@ -262,9 +304,24 @@ _ARITHMETIC_ONLY = frozenset(
     }
 )
 
-#: Operators whose cost grows with their operands' values, not their size:
-#: ``2 ** n`` and ``1 << n`` build an n-bit number.
-_GROWING = frozenset({"**", "**=", "<<", "<<="})
+#: The operators arithmetic-only code may use (Python 3.11+ ``BINARY_OP``):
+#: not ``**`` or ``<<`` (``2 ** n`` builds an n-bit number), nor ``[]``
+#: (3.14's item access, which may run the user's ``__getitem__``).
+_ARITHMETIC_OPERATORS = frozenset(
+    {"+", "-", "*", "/", "//", "%", "&", "|", "^", ">>"}
+    | {"+=", "-=", "*=", "/=", "//=", "%=", "&=", "|=", "^=", ">>="}
+)
+_MULTIPLY = frozenset({"*", "*=", "BINARY_MULTIPLY", "INPLACE_MULTIPLY"})
+
+#: At most this many instructions, of which this many multiplications: on
+#: numbers under 2**63, ``x * x`` four times over stays under 1,024 bits,
+#: where 23 squarings in a row took 1.6 s for one item.
+MAX_ARITHMETIC_INSTRUCTIONS = 64
+MAX_MULTIPLICATIONS = 4
+
+#: The exact types (not subclasses, whose operators may be the user's) of
+#: the numbers arithmetic-only code may run on here.
+NUMBER_TYPES = frozenset({int, float, complex, bool})
 
 #: Why such code is cheap, for ``explain()``.
 ARITHMETIC_ONLY = (
@@ -294,42 +351,61 @@ def arithmetic_only(fn: Any) -> bool:
         return False
     if len(code.co_code) > MAX_CODE_BYTES or code.co_flags & _NOT_PLAIN or code.co_freevars:
         return False
+    if fn.__defaults__ or fn.__kwdefaults__:
+        return False  # a default may be an object of the user's, with its own __mul__
     try:
-        for ins in dis.get_instructions(code):
-            if ins.opname not in _ARITHMETIC_ONLY:
-                return False
-            if ins.opname == "BINARY_OP" and ins.argrepr in _GROWING:
-                return False
+        instructions = list(dis.get_instructions(code))
     except Exception:  # noqa: BLE001 - odd code objects: not known to be cheap
         return False
-    return True
+    if len(instructions) > MAX_ARITHMETIC_INSTRUCTIONS:
+        return False
+    multiplications = 0
+    for ins in instructions:
+        if ins.opname not in _ARITHMETIC_ONLY:
+            return False
+        if ins.opname == "BINARY_OP" and ins.argrepr not in _ARITHMETIC_OPERATORS:
+            return False
+        if ins.argrepr in _MULTIPLY or ins.opname in _MULTIPLY:
+            multiplications += 1
+        if ins.opname in ("LOAD_CONST", "RETURN_CONST", "LOAD_SMALL_INT"):
+            value = ins.argval
+            if value is not None and not _small_number(value):
+                return False  # b"\0" * n: a string, not a number
+    return multiplications <= MAX_MULTIPLICATIONS
+
+
+def _small_number(value: Any) -> bool:
+    """Whether ``value`` is a number of :data:`NUMBER_TYPES`, an ``int`` under 2**63 in size."""
+    kind = type(value)
+    if kind is int:
+        return bool(-(2**63) <= value < 2**63)
+    return kind in NUMBER_TYPES
 
 
 def small_numbers(iterables: tuple[Any, ...]) -> bool:
-    """Whether the first item of every iterable is a small number (looked at, not consumed).
+    """Whether every iterable holds numbers only, the first of them small (read, not consumed).
 
-    Only lists, tuples and ranges are looked at; a ``bool``, an ``int`` under
-    2**63 in size, a ``float`` or a ``complex`` (exactly those types, not
-    subclasses) counts. False for anything else, or an empty input.
+    Only lists, tuples and ranges are looked at. Every item must be a
+    ``bool``, ``int``, ``float`` or ``complex`` (exactly those types: a
+    subclass's operators may be the user's code, which must not run here),
+    checked at C speed (~17 ns an item); the first must be small (an
+    ``int`` under 2**63 in size). False for anything else, or an empty input.
     """
     if not iterables:
         return False
     for iterable in iterables:
         if not isinstance(iterable, (list, tuple, range)) or len(iterable) == 0:
             return False
-        first = iterable[0]
-        kind = type(first)
-        if kind is int:
-            if not -(2**63) <= first < 2**63:
-                return False
-        elif kind not in (float, bool, complex):
+        if not _small_number(iterable[0]):
+            return False
+        if not isinstance(iterable, range) and not NUMBER_TYPES.issuperset(map(type, iterable)):
             return False
     return True
 
 
 #: ``operator`` functions whose result may be far bigger than their
 #: arguments (``2 ** n``, ``1 << n``): the work is not one pass over them.
-_OPERATOR_GROWING = frozenset({"pow", "ipow", "lshift", "ilshift"})
+_OPERATOR_GROWING = frozenset({"pow", "ipow", "lshift", "ilshift", "call"})
 
 
 def operator_hint(fn: Any) -> str | None:
@@ -341,7 +417,7 @@ def operator_hint(fn: Any) -> str | None:
     trip (~150 us) far more than one on small numbers (20,000
     ``submit(operator.add, i, i)`` went to fork workers until their first
     calls were measured). Not for ``pow`` and ``lshift``, whose result can
-    be far bigger than their arguments.
+    be far bigger than their arguments, nor ``call``, which runs any callable.
 
     Args:
         fn: any object.

@@ -855,6 +855,21 @@ class SmartExecutor(Executor):
         self._log.append(decision)
         return decision, estimate
 
+    def _keep_stoppable(self) -> None:
+        """Route as under a ``task_timeout``, with no deadline: keep work where a call can be stopped.
+
+        For joblib's ``Parallel(timeout=)``, which stops a run itself (its
+        ``abort_everything`` kills the workers): work bound for threads
+        (by the policy, a measurement or an earlier run) or loky goes to
+        fork, and no map or submit moves it to threads later
+        (:func:`smartexec.policy.stoppable`). Call it before any work.
+        """
+        with self._lock:
+            self._options = dataclasses.replace(self._options, stoppable=True)
+            self._learns = False
+            self._decisions.clear()
+            self._decided_with_threads.clear()
+
     def _nested_on_threads(self, backend: Backend, decision: Decision) -> Decision | None:
         """A map called from this executor's own thread, bound for those threads: run it here.
 
@@ -897,7 +912,7 @@ class SmartExecutor(Executor):
             or self._options.backend is not None
             or self._options.prefer is not None
             or self._initializer is not None
-            or self._task_timeout is not None
+            or self._options.stoppable
         ):
             return decision
         if stored.backend in ("thread", "inline") and decision.backend in ("fork", "loky"):
@@ -1391,7 +1406,7 @@ class SmartExecutor(Executor):
         must then report as the stdlib does) and no ``task_timeout`` (threads
         then run chunks with a deadline). Hold the lock.
         """
-        if self._initializer is not None or self._task_timeout is not None:
+        if self._initializer is not None or self._options.stoppable:
             return
         key = identity_key(fn)
         verdict = self._learner.verdict(fn, key) if learned else None
@@ -1669,6 +1684,7 @@ class SmartExecutor(Executor):
             chunksize is None
             and self._options.backend is None
             and task_timeout is None
+            and not self._options.stoppable
             and not decision.share
             and self._initializer is None
         )

@@ -63,11 +63,6 @@ BACKEND_NAME = "smartexec"
 #: arrays through shared memory and picks its start method itself.
 _JOBLIB_POOL_OPTIONS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbose", "context"})
 
-#: ``Parallel(timeout=t)`` runs its calls with ``task_timeout`` of this many
-#: times ``t`` plus a second: they go where a call can be stopped (fork
-#: workers, not threads), and joblib's own timeout fires first.
-JOBLIB_TIMEOUT_BACKSTOP = 2.0
-
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)``: the callable a batch of several functions is routed on."""
@@ -283,6 +278,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
         self._options = executor_options
         self._executor: SmartExecutor | None = None
         self._executor_kwargs: dict[str, Any] = {}
+        self._stoppable = False  # Parallel(timeout=): work stays where a call can be stopped
         #: (routed callable, mode, calls carry their callables, sender) per
         #: callable routed in this call; a few at most.
         self._batches: list[
@@ -359,21 +355,26 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
         }
         if prefer is not None:
             options["prefer"] = prefer
-        timeout = getattr(parallel, "timeout", None)
-        if timeout is not None and "task_timeout" not in options:
-            # Parallel(timeout=) stops the run itself (abort_everything kills
-            # the workers), which only works where a running call can be
-            # stopped: as with task_timeout, work stays off threads (a
-            # thread cannot be stopped; a measured "waits" had moved such
-            # calls there and a 0.5 s timeout waited 5 s). The executor's own
-            # deadline, later than joblib's, is only a backstop, so joblib's
-            # TimeoutError is the one raised.
-            options["task_timeout"] = JOBLIB_TIMEOUT_BACKSTOP * float(timeout) + 1.0
         self.terminate()
         self._executor_kwargs = {"max_workers": n, **options}
-        self._executor = SmartExecutor(**self._executor_kwargs)
+        # Parallel(timeout=) stops the run itself (abort_everything kills
+        # the workers), which only works where a running call can be
+        # stopped: work stays off threads, as under a task_timeout (a thread
+        # cannot be stopped: a callable measured to wait went there, and a
+        # 0.5 s timeout waited 5 s). No deadline of ours: joblib's own rule
+        # decides (in "generator_unordered" mode a long call may run on
+        # while others complete).
+        self._stoppable = getattr(parallel, "timeout", None) is not None
+        self._executor = self._new_executor()
         self.parallel = parallel
         return n
+
+    def _new_executor(self) -> SmartExecutor:
+        """A ``SmartExecutor`` with this backend's settings (kept off threads under a timeout)."""
+        executor = SmartExecutor(**self._executor_kwargs)
+        if self._stoppable:
+            executor._keep_stoppable()
+        return executor
 
     # -- running batches -------------------------------------------------------
 
@@ -505,7 +506,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
         executor.terminate()
         executor.shutdown(wait=True)
         if ensure_ready and self._executor_kwargs:
-            self._executor = SmartExecutor(**self._executor_kwargs)
+            self._executor = self._new_executor()
 
     def _retire(self) -> SmartExecutor | _NoExecutor:
         """Detach the executor (its decisions kept for :meth:`decisions`) and return it."""

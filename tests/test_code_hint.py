@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import hashlib
 import math
 import os
 import signal
 import sys
 import time
+import types
 import zlib
 from time import sleep
 
@@ -309,3 +311,133 @@ def test_operator_functions_get_a_hint_but_pow_and_lshift_do_not():
     assert operator_hint(pow) is None and operator_hint(abs) is None
     assert operator_hint(arithmetic) is None
     assert inspect_callable(operator.add).code_hint == operator_hint(operator.add)
+
+
+# -- what an adversarial review found ------------------------------------------------
+
+
+class _Hostile:
+    def __rmul__(self, other):
+        return ("ran", other)
+
+    __mul__ = __rmul__
+
+
+def _with_default(x, m=_Hostile()):  # noqa: B008 - the point of the test
+    return x * m
+
+
+def _string_times(n):
+    return b"\0" * n
+
+
+def _squarings(x):
+    x = x * x
+    x = x * x
+    x = x * x
+    x = x * x
+    x = x * x
+    return x
+
+
+def test_defaults_constants_and_long_multiplications_are_not_arithmetic_only():
+    assert not arithmetic_only(_with_default)  # a default may bring its own __mul__
+    assert not arithmetic_only(_string_times)  # b"\0" * n builds n bytes
+    assert not arithmetic_only(_squarings)  # 1.6 s for one item at 23 squarings
+
+
+def test_a_user_number_anywhere_in_the_input_is_not_small_numbers():
+    class Weird(int):
+        pass
+
+    assert not small_numbers(([1, 2, Weird(3)],))
+    assert not small_numbers(((1.0, _Hostile()),))
+    assert small_numbers(([1, 2.5, True, 3j],))
+
+
+_stop_now = functools.partial(os._exit, 3)
+_cached_helper = functools.lru_cache(maxsize=0)(arithmetic)
+
+
+def _through_a_partial(x):
+    time.sleep(0)
+    _stop_now()
+
+
+def _through_exec(x):
+    time.sleep(x)
+    exec("import os")
+
+
+def _through_a_cached_helper(x):
+    time.sleep(0)
+    return _cached_helper(x)
+
+
+def _strided(n):
+    return as_strided(n, shape=(n,), strides=(8,))
+
+
+try:
+    from numpy.lib.stride_tricks import as_strided
+except ImportError:  # pragma: no cover - numpy is a dependency
+    as_strided = None
+
+
+@pytest.mark.parametrize(
+    "fn", [_through_a_partial, _through_exec, _through_a_cached_helper, _strided]
+)
+def test_wrappers_exec_and_memory_unsafe_numpy_give_no_hint(fn):
+    # On threads, a partial of os._exit ended this process, and as_strided
+    # past the end of its array crashed it.
+    assert code_hint(fn) is None
+
+
+def test_numpy_global_random_state_gives_no_hint():
+    # np.random.seed(i) then np.random.rand() on six threads: 100 of 100
+    # results unlike a loop's.
+    np = pytest.importorskip("numpy")
+    namespace = {"np": np}
+    exec(
+        "def seeded(i):\n    np.random.seed(i)\n    return float(np.sort(np.random.rand(10))[0])\n",
+        namespace,
+    )
+    assert code_hint(namespace["seeded"]) is None
+    assert code_hint(namespace["seeded"]) is None  # np.random loaded now, still none
+
+
+def test_a_module_attribute_not_loaded_yet_gives_no_hint():
+    fake = types.ModuleType("fake")
+    namespace = {"fake": fake, "time": time}
+    exec("def lazy(x):\n    time.sleep(0)\n    return fake.later(x)\n", namespace)
+    assert code_hint(namespace["lazy"]) is None
+
+
+def test_numpy_vectorize_gives_no_hint():
+    np = pytest.importorskip("numpy")
+    namespace = {"np": np, "vec": np.vectorize(arithmetic)}
+    exec("def f(a):\n    return vec(a)\n", namespace)
+    assert code_hint(namespace["f"]) is None
+
+
+@pytest.mark.skipif(not hasattr(__import__("operator"), "call"), reason="operator.call: 3.11+")
+def test_operator_call_gets_no_operator_hint():
+    import operator
+
+    from smartexec._code_hint import operator_hint
+
+    assert operator_hint(operator.call) is None  # it runs any callable
+
+
+_LAST = None
+
+
+def _sets_a_global(x):
+    global _LAST
+    _LAST = x
+    time.sleep(0)
+
+
+def test_a_global_statement_gives_no_hint():
+    # On threads the caller would see the writes; each worker keeps its own.
+    assert code_hint(_sets_a_global) is None

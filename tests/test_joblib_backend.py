@@ -371,3 +371,20 @@ def test_task_timeout_stops_a_call_that_runs_past_it():
         with parallel_config(backend="smartexec", n_jobs=2, task_timeout=0.5):
             Parallel()(delayed(pid_after)(s) for s in (0.01, 30))
     assert time.monotonic() - start < 20
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(JOBLIB_VERSION < (1, 4), reason="generator_unordered needs joblib 1.4")
+def test_parallels_timeout_in_unordered_mode_lets_a_long_call_finish():
+    # joblib's unordered mode times out only while no call completes: a 2 s
+    # call beside quicker ones is not stopped (a deadline of ours killed it).
+    with parallel_config(backend="smartexec", n_jobs=2):
+        got = Parallel(timeout=1, return_as="generator_unordered", batch_size=1)(
+            delayed(wait_then_return)(d) for d in [2.0] + [0.4] * 8
+        )
+        assert sorted(got) == sorted([2.0] + [0.4] * 8)
+
+
+def wait_then_return(seconds):
+    time.sleep(seconds)
+    return seconds

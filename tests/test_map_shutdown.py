@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 
 import pytest
@@ -258,3 +259,18 @@ def test_shutdown_from_a_done_callback_does_not_wait_for_its_own_thread(backend)
     assert list(results) == [x * x for x in range(200)]
     ex.shutdown()
     assert outcome == ["returned"]
+
+
+def test_two_calls_on_the_executors_threads_that_shut_it_down_do_not_wait_for_each_other():
+    # Each waited for the other's pool thread: the process never exited.
+    ex = SmartExecutor(2, backend="thread")
+    both = threading.Barrier(2)
+
+    def stop(x):
+        both.wait(10)
+        ex.shutdown(wait=True)
+        return x
+
+    futures = [ex.submit(stop, i) for i in range(2)]
+    assert [f.result(timeout=20) for f in futures] == [0, 1]
+    ex.shutdown(wait=True)

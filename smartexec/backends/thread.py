@@ -330,15 +330,14 @@ class ThreadBackend(Backend):
         if pool is not None:
             own = self.runs_this_thread()
             # From one of the pool's own threads (a done-callback of a call
-            # it ran), joining every thread would join this one: the stdlib
-            # raises "cannot join current thread". Wait for the others only;
-            # this thread returns to the pool, which lets it exit.
+            # it ran, or a call itself), joining every thread would join this
+            # one (the stdlib raises "cannot join current thread"), and
+            # joining the others deadlocks once two of them do so (each
+            # waits for the other). It waits for none: the pool takes no new
+            # work, its threads exit once their calls end, and the
+            # interpreter's exit waits for them, as for any pool thread.
             pool.shutdown(wait=wait and not own, cancel_futures=cancel_futures)
-            if wait and own:
-                for thread in list(getattr(pool, "_threads", ())):
-                    if thread is not threading.current_thread():
-                        thread.join()
-            if wait:
+            if wait and not own:
                 # Its threads have exited: let their Thread objects go now,
                 # not when the garbage collector finds this backend (CPython's
                 # threading_cleanup() counts live Thread objects after a test).

@@ -111,3 +111,12 @@ def misleading(n):
     """
     time.sleep(0)
     return sum(range(n))
+
+
+class PidNumber(int):
+    """An int whose products are the pid of the process that computed them."""
+
+    def __mul__(self, other):
+        return os.getpid()
+
+    __rmul__ = __mul__

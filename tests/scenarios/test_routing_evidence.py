@@ -20,6 +20,7 @@ import pytest
 from smartexec import SmartExecutor, _profiles, gil
 
 from ._routing_workloads import (
+    PidNumber,
     array_sum,
     busy_5us,
     doubled,
@@ -400,4 +401,17 @@ def test_arithmetic_on_other_inputs_is_measured_in_the_workers(values, as_iterat
         items = iter(values) if as_iterator else values
         assert list(ex.map(doubled, items)) == expected
         assert first_start(ex).backend == "fork", "\n".join(map(str, ex.decisions()))
+    _profiles.clear()
+
+
+def test_a_number_of_the_users_own_type_later_in_the_input_never_runs_here():
+    # Its __mul__ is the user's code: a map starting in a loop here would
+    # run it in this process (a crash there would kill it).
+    _profiles.clear()
+    items = [1, 2] * 50 + [PidNumber(3)]
+    with SmartExecutor(max_workers=2) as ex:
+        got = list(ex.map(doubled, items))
+        assert got[:100] == [2, 4] * 50
+        assert got[100] != os.getpid()
+        assert first_start(ex).backend == "fork", str(ex.decisions())
     _profiles.clear()
