@@ -1700,9 +1700,10 @@ class SmartExecutor(Executor):
         )
         # Code that only does arithmetic, on small numbers (x * x over ints):
         # each item costs well under a microsecond, and nothing in it can
-        # crash or act on this process, so it need not be measured in a
-        # worker first. It starts in a loop here, timed between batches; the
-        # rest goes to the workers if the items turn out slow (big numbers).
+        # crash or act on this process (every item is checked to be a plain
+        # number), so it need not be measured in a worker first. It starts
+        # in a loop here, its first items timed; the rest goes to the
+        # workers if they turn out slow (big numbers).
         # Measured on fork, 200,000 such items took 3.5x the loop the first
         # time (a fork pool started to find it out), and their next runs,
         # started from that profile, another route.

@@ -37,9 +37,9 @@ The "straight-line code" row reads the function's bytecode (:mod:`smartexec._cod
 spend their time in a call that releases the GIL. It is a first guess, not a
 verdict: the map's first chunks on threads measure the GIL, the rest moves to
 processes if they find it held, and that measurement routes the callable's
-next maps (submits stay on threads). Code that reaches what acts on the whole
-process (``os._exit``, ``faulthandler``, ``ctypes``, ``signal``) gets no hint.
-``operator.add`` and its kin (not ``pow``, ``lshift``) take this row too:
+next maps (submits stay on threads). Code that could act on the whole process,
+share global state, or call what the bytecode does not show gets no hint
+(:mod:`smartexec._code_hint` lists what). ``operator.add`` and its kin (not ``pow``, ``lshift``) take this row too:
 pickling their arguments to a process costs about what the one operation
 does (:func:`smartexec._code_hint.operator_hint`).
 
