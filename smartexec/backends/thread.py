@@ -207,9 +207,7 @@ class ThreadBackend(Backend):
         thread does, nothing runs (a deadlock). The executor runs such a
         nested map in the calling thread instead.
         """
-        pool = self._pool
-        threads = getattr(pool, "_threads", None)
-        return threads is not None and threading.current_thread() in threads
+        return _in_pool(self._pool)
 
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
@@ -328,7 +326,7 @@ class ThreadBackend(Backend):
             pool = self._pool
         self._sched.close()
         if pool is not None:
-            own = self.runs_this_thread()
+            own = _in_pool(pool)  # this pool's: another shutdown may have let self._pool go
             # From one of the pool's own threads (a done-callback of a call
             # it ran, or a call itself), joining every thread would join this
             # one (the stdlib raises "cannot join current thread"), and
@@ -347,6 +345,12 @@ class ThreadBackend(Backend):
 
 
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
+
+
+def _in_pool(pool: Any) -> bool:
+    """Whether the calling thread is one of ``pool``'s (a ``ThreadPoolExecutor``, or None)."""
+    threads = getattr(pool, "_threads", None)
+    return threads is not None and threading.current_thread() in threads
 
 
 def release_idle_thread_pools() -> None:
