@@ -189,10 +189,11 @@ class ThreadBackend(Backend):
                 self._pool = ThreadPoolExecutor(
                     self.max_workers,
                     thread_name_prefix="smartexec-thread",
-                    initializer=(
+                    initializer=_MarkThread(
+                        self,
                         None
                         if self._initializer is None
-                        else _ThreadInit(self._initializer, self._initargs, self._box)
+                        else _ThreadInit(self._initializer, self._initargs, self._box),
                     ),
                 )
             if chunk:
@@ -207,7 +208,7 @@ class ThreadBackend(Backend):
         thread does, nothing runs (a deadlock). The executor runs such a
         nested map in the calling thread instead.
         """
-        return _in_pool(self._pool)
+        return _marked(self) or _in_pool(self._pool)
 
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
@@ -326,7 +327,7 @@ class ThreadBackend(Backend):
             pool = self._pool
         self._sched.close()
         if pool is not None:
-            own = _in_pool(pool)  # this pool's: another shutdown may have let self._pool go
+            own = _marked(self) or _in_pool(pool)
             # From one of the pool's own threads (a done-callback of a call
             # it ran, or a call itself), joining every thread would join this
             # one (the stdlib raises "cannot join current thread"), and
@@ -348,9 +349,43 @@ _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
 
 
 def _in_pool(pool: Any) -> bool:
-    """Whether the calling thread is one of ``pool``'s (a ``ThreadPoolExecutor``, or None)."""
+    """Whether the calling thread is one of ``pool``'s (a ``ThreadPoolExecutor``, or None).
+
+    Not enough alone: the stdlib pool adds a thread to ``_threads`` after
+    starting it, and the thread may run its first call before that.
+    """
     threads = getattr(pool, "_threads", None)
     return threads is not None and threading.current_thread() in threads
+
+
+#: Which backend a pool thread belongs to (a weak reference), set by its
+#: pool's initializer before it runs anything.
+_POOL_THREAD = threading.local()
+
+
+def _marked(backend: ThreadBackend) -> bool:
+    """Whether the calling thread is a pool thread of ``backend`` (of any of its pools)."""
+    ref = getattr(_POOL_THREAD, "backend", None)
+    return ref is not None and ref() is backend
+
+
+class _MarkThread:
+    """A pool's thread initializer: marks the thread as ``backend``'s, then runs ``then``.
+
+    A call that shuts its own executor down, or maps on it, must know it
+    runs on one of its threads from its very first call: the stdlib pool's
+    own list of threads lags behind (a fresh thread missing from it joined
+    itself: "cannot join current thread").
+    """
+
+    def __init__(self, backend: ThreadBackend, then: Any) -> None:
+        self._backend = weakref.ref(backend)
+        self._then = then
+
+    def __call__(self) -> None:
+        _POOL_THREAD.backend = self._backend
+        if self._then is not None:
+            self._then()
 
 
 def release_idle_thread_pools() -> None:
