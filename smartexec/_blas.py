@@ -216,12 +216,13 @@ class ThreadCap:
             if controller is None:
                 return
             self._saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
-        if self._active <= 0:
+        active = self._active  # read once: the tokens change without the lock
+        if active <= 0:
             saved, self._saved, self._applied = self._saved, None, None
             for pool, threads in saved:
                 _set_threads(pool, threads)
             return
-        cap = max(1, self._cpus // self._active)
+        cap = max(1, self._cpus // active)
         if cap == self._applied:
             return  # as set: thousands of short calls change nothing (no library call)
         self._applied = cap
