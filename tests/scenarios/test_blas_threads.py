@@ -108,3 +108,24 @@ def test_chunks_do_not_wait_while_another_thread_builds_the_blas_table(monkeypat
     for _ in range(3):
         cap.exit()
     assert cap.active == 0
+
+
+def test_a_chunk_ending_while_the_cap_is_applied_does_not_divide_by_zero():
+    # The tokens are counted without the lock: a chunk ending between two
+    # reads of the count left 0 to divide by (CI, Python 3.10).
+    from smartexec import _blas
+
+    class Shrinking(list):
+        def __init__(self, counts):
+            super().__init__([None])
+            self.counts = iter(counts)
+
+        def __len__(self):
+            return next(self.counts, 0)
+
+    cap = _blas.ThreadCap()
+    cap._cpus = 2
+    cap._saved = []  # the table was read: no library to set here
+    cap._tokens = Shrinking([1, 0, 0])  # one chunk at the first read, none at the next
+    cap._apply()
+    assert cap._applied == 2
