@@ -202,9 +202,7 @@ def code_hint(fn: Any) -> str | None:
             current = _NOT_FOUND
             continue
         if current is _NOT_FOUND:
-            if ins.opname != "LOAD_ATTR" and ins.opname != "LOAD_METHOD":
-                return None  # a global not defined yet: it could be anything
-            continue
+            return None  # a global not defined yet: it could be anything
         if _process_wide(current):
             return None
         hint = _release_hint(current)

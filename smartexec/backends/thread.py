@@ -208,7 +208,7 @@ class ThreadBackend(Backend):
         thread does, nothing runs (a deadlock). The executor runs such a
         nested map in the calling thread instead.
         """
-        return _marked(self) or _in_pool(self._pool)
+        return _marked(self)
 
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
@@ -327,7 +327,7 @@ class ThreadBackend(Backend):
             pool = self._pool
         self._sched.close()
         if pool is not None:
-            own = _marked(self) or _in_pool(pool)
+            own = _marked(self)
             # From one of the pool's own threads (a done-callback of a call
             # it ran, or a call itself), joining every thread would join this
             # one (the stdlib raises "cannot join current thread"), and
@@ -348,16 +348,6 @@ class ThreadBackend(Backend):
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
 
 
-def _in_pool(pool: Any) -> bool:
-    """Whether the calling thread is one of ``pool``'s (a ``ThreadPoolExecutor``, or None).
-
-    Not enough alone: the stdlib pool adds a thread to ``_threads`` after
-    starting it, and the thread may run its first call before that.
-    """
-    threads = getattr(pool, "_threads", None)
-    return threads is not None and threading.current_thread() in threads
-
-
 #: Which backend a pool thread belongs to (a weak reference), set by its
 #: pool's initializer before it runs anything.
 _POOL_THREAD = threading.local()
@@ -373,9 +363,9 @@ class _MarkThread:
     """A pool's thread initializer: marks the thread as ``backend``'s, then runs ``then``.
 
     A call that shuts its own executor down, or maps on it, must know it
-    runs on one of its threads from its very first call: the stdlib pool's
-    own list of threads lags behind (a fresh thread missing from it joined
-    itself: "cannot join current thread").
+    runs on one of its threads from its very first call: the stdlib pool
+    adds a thread to its own list only after starting it, and a fresh
+    thread missing from it joined itself ("cannot join current thread").
     """
 
     def __init__(self, backend: ThreadBackend, then: Any) -> None:
