@@ -28,6 +28,7 @@ results over without keeping them alive (:func:`drain`, :func:`stream_values`).
 
 from __future__ import annotations
 
+import array
 import collections
 import concurrent.futures
 import itertools
@@ -61,6 +62,7 @@ __all__ = [
     "read_up_to",
     "default_buffersize",
     "common_length",
+    "snapshot_inputs",
     "dear_to_send",
     "SendableChain",
     "count_at_end",
@@ -777,6 +779,30 @@ def read_up_to(items: Iterator[T], n: int) -> tuple[list[T], Exception | None]:
     except Exception as exc:
         return taken, exc
     return taken, None
+
+
+#: Built-in containers the caller can change after ``map()`` returns.
+_MUTABLE_CONTAINERS = (list, dict, set, bytearray, collections.deque, array.array)
+
+
+def snapshot_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[Iterable[Any], ...]:
+    """Shallow copies of the inputs that are built-in mutable containers; the rest as given.
+
+    ``concurrent.futures.Executor.map`` reads its whole input when called,
+    so a list cleared, grown or changed after ``map()`` returns does not
+    change its results. smartexec reads its input lazily (endless inputs
+    stream), so it copies a ``list``, ``dict``, ``set``, ``deque``,
+    ``bytearray`` or ``array.array`` (exact types) when ``map()`` is called:
+    one pointer per item (~1 ms per million items), never the items
+    themselves. Without it, clearing the list truncated the results, and an
+    item replaced after the call ran instead of the one checked then.
+    Other iterables (generators, ranges, tuples, numpy arrays, user
+    sequences) are read as they come.
+    """
+    return tuple(
+        list(iterable) if type(iterable) in _MUTABLE_CONTAINERS else iterable
+        for iterable in iterables
+    )
 
 
 def common_length(iterables: tuple[Iterable[Any], ...]) -> int | None:

@@ -47,6 +47,7 @@ from ._mapping import (
     inline_batches,
     lazy_inline,
     measure_pickling,
+    snapshot_inputs,
     stream_values,
     then_raise,
 )
@@ -1662,6 +1663,7 @@ class SmartExecutor(Executor):
         if task_timeout is None:
             task_timeout = self._task_timeout
         end_time = None if timeout is None else timeout + time.monotonic()
+        iterables = snapshot_inputs(iterables)  # as the stdlib reads them: at the call
         remaining = common_length(iterables)
         inputs = zip(*iterables)
         with self._lock:

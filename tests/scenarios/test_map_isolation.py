@@ -5,6 +5,7 @@ returns a generator on every route.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import time
@@ -332,3 +333,31 @@ def test_closing_the_generator_cancels_pending_work(options, tmp_path):
         ex.shutdown(wait=True)
     ran = len(os.listdir(folder))
     assert ran < 50, ran  # only the window was sent; the rest was cancelled
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("change", ["clear", "append", "replace"])
+def test_an_input_list_changed_after_map_returns_does_not_change_the_results(route, change):
+    # concurrent.futures reads the whole input when map() is called; smartexec
+    # reads lazily, from a copy of a list taken then. Clearing the list
+    # after the call used to truncate the results without an error.
+    options, map_options = ROUTES[route]
+    with SmartExecutor(2, **options) as ex:
+        items = list(range(3000))
+        results = ex.map(square, items, **map_options)
+        if change == "clear":
+            items.clear()
+        elif change == "append":
+            items.extend(range(10))
+        else:
+            items[:] = [-1] * len(items)
+        assert list(results) == [x * x for x in range(3000)]
+
+
+@pytest.mark.parametrize("make", [dict.fromkeys, set, collections.deque], ids=lambda f: f.__name__)
+def test_other_containers_changed_after_map_returns_do_not_change_the_results(make):
+    with SmartExecutor(2) as ex:
+        items = make(range(500))
+        results = ex.map(square, items)
+        items.clear()  # iterating a dict or set changed in size raises RuntimeError
+        assert sorted(results) == [x * x for x in range(500)]

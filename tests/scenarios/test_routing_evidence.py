@@ -415,3 +415,16 @@ def test_a_number_of_the_users_own_type_later_in_the_input_never_runs_here():
         assert got[100] != os.getpid()
         assert first_start(ex).backend == "fork", str(ex.decisions())
     _profiles.clear()
+
+
+def test_a_number_of_the_users_own_type_put_in_after_map_returns_never_runs_here():
+    # The items are checked when map() is called; the loop reads a copy
+    # taken then, so an item swapped in afterwards is never run (here or
+    # anywhere): the results are those of the items given to map().
+    _profiles.clear()
+    items = [1, 2] * 5_000
+    with SmartExecutor(max_workers=2) as ex:
+        results = ex.map(doubled, items)
+        items[-1] = PidNumber(3)
+        assert list(results) == [2, 4] * 5_000
+    _profiles.clear()
