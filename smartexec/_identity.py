@@ -24,6 +24,8 @@ def identity_key(fn: Any) -> Hashable:
     ``id(fn)``. Pair the key with a :class:`WeakCallable` to detect reuse of
     an id after the object died.
     """
+    if type(fn) is types.FunctionType:
+        return ("o", id(fn))  # the common case first (submit's hot path)
     if isinstance(fn, types.MethodType):
         return ("m", id(fn.__self__), id(fn.__func__))
     if isinstance(fn, types.BuiltinMethodType):
@@ -89,6 +91,8 @@ class WeakCallable:
     def matches(self, fn: Any) -> bool:
         """Return True when this handle still refers to ``fn``."""
         live = self._get()
+        if live is fn:
+            return True  # the same object: no method to compare (submit's hot path)
         if live is None:
             return False
         if isinstance(fn, (types.MethodType, types.BuiltinMethodType)) and hasattr(fn, "__self__"):

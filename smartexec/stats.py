@@ -240,16 +240,30 @@ class _Backend:
 def _fold_calls(entry: _Backend) -> None:
     """Count ``entry``'s queued calls (see :meth:`StatsRecorder.call_recorder`); hold the lock."""
     calls = entry.calls
+    batch = []
     while calls:
         try:
-            start, end = calls.popleft()
+            batch.append(calls.popleft())
         except IndexError:  # pragma: no cover - emptied meanwhile
             break
-        entry.sizes[1] += 1
-        entry.chunks += 1
-        entry.items += 1
-        entry.working += end - start
-        _add_active(entry, start, end)
+    if not batch:
+        return
+    # _add_active's rule, inlined: thousands of submits a second fold here.
+    until, working, active = entry.calls_until, 0.0, 0.0
+    for start, end in batch:
+        working += end - start
+        if start >= until:
+            active += end - start
+        elif end > until:
+            active += end - until
+        if end > until:
+            until = end
+    entry.sizes[1] += len(batch)
+    entry.chunks += len(batch)
+    entry.items += len(batch)
+    entry.working += working
+    entry.active += active
+    entry.calls_until = until
 
 
 def _add_active(entry: _Backend, start: float, end: float) -> None:
