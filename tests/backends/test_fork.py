@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import signal
 import threading
@@ -371,3 +372,104 @@ def test_the_dispatchers_poller_reports_what_wait_would():
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def quick_crash_on(x, target, how):
+    """``crash_on`` with 2 ms items: short enough for chunks to be sent ahead."""
+    if x == target:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.002)
+    return x
+
+
+def fork_pool(ex):
+    pool = ex._backend("fork")._pool
+    assert pool is not None
+    return pool
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_chunk_sent_ahead_to_a_worker_that_dies_runs_on_another(how):
+    # Short chunks are queued in a busy worker's pipe; the worker that dies
+    # never read the one behind its own: it runs elsewhere, once.
+    with SmartExecutor(2, backend="fork") as ex:
+        futures = [ex.submit(quick_crash_on, i, 30, how) for i in range(80)]
+        outcomes = [f.exception(timeout=30) for f in futures]
+        assert [i for i, e in enumerate(outcomes) if e is not None] == [30]
+        assert isinstance(outcomes[30], WorkerCrashedError)
+        assert [f.result() for i, f in enumerate(futures) if i != 30] == [
+            i for i in range(80) if i != 30
+        ]
+        assert fork_pool(ex).sent_ahead > 0
+
+
+def start_then_mark(i, folder):
+    """Item 0 returns at once; the others leave ``started-i``, then ``done-i`` 50 ms later."""
+    if i == 0:
+        return 0
+    with open(os.path.join(folder, f"started-{i}"), "w"):
+        pass
+    time.sleep(0.05)
+    with open(os.path.join(folder, f"done-{i}"), "w"):
+        pass
+    return i
+
+
+def quick_mark(i, folder):
+    with open(os.path.join(folder, f"done-{i}"), "w"):
+        pass
+    time.sleep(0.003)
+    return i
+
+
+def test_an_interrupted_map_finishes_no_chunk_sent_ahead(tmp_path):
+    # The map's chunks queued in the workers' pipes are stopped too: each
+    # one's worker is killed as it starts it, before its item ends.
+    folder = str(tmp_path)
+    with SmartExecutor(2, backend="fork") as ex:
+        os.mkdir(tmp_path / "warm")
+        warm = ex.map(quick_mark, range(40), itertools.repeat(str(tmp_path / "warm")), chunksize=1)
+        assert list(warm) == list(range(40))
+        assert fork_pool(ex).sent_ahead > 0  # 3 ms chunks: the next one waits in the pipe
+        sent = fork_pool(ex).sent_ahead
+        # Its first chunks go ahead too (the workers' last chunks were short):
+        # item 0 returns at once, items 1 and 2 run on, 3 and 4 wait behind them.
+        results = ex.map(start_then_mark, range(200), itertools.repeat(folder), chunksize=1)
+        assert next(results) == 0
+        results.close()
+        assert fork_pool(ex).sent_ahead > sent
+        done = {n for n in os.listdir(folder) if n.startswith("done-")}
+        time.sleep(1.0)  # long after any chunk running or queued then would have ended
+        assert {n for n in os.listdir(folder) if n.startswith("done-")} == done
+        # The executor goes on working.
+        again = ex.map(quick_mark, range(6), itertools.repeat(str(tmp_path / "warm")), chunksize=1)
+        assert list(again) == list(range(6))
+
+
+def test_an_interrupted_chunk_waiting_behind_another_maps_is_stopped_as_it_starts(tmp_path):
+    # Item 2 waits in worker B's pipe behind a 1 s submit that is not the
+    # map's: the map's close() must not kill that submit, so item 2 is
+    # stopped (its worker killed) when it starts, before it can finish.
+    folder = str(tmp_path)
+    os.mkdir(tmp_path / "warm")
+    with SmartExecutor(2, backend="fork") as ex:
+        warm = ex.map(quick_mark, range(40), itertools.repeat(str(tmp_path / "warm")), chunksize=1)
+        assert list(warm) == list(range(40))
+        short = ex.submit(time.sleep, 0.1)  # worker A
+        long = ex.submit(time.sleep, 1.0)  # worker B
+        time.sleep(0.05)
+        results = ex.map(start_then_mark, range(1, 100), itertools.repeat(folder), chunksize=1)
+        assert next(results) == 1  # ran on A after the short sleep
+        results.close()
+        assert short.result(timeout=30) is None
+        assert long.result(timeout=30) is None  # not killed for the map's sake
+        time.sleep(0.5)  # long after item 2 would have finished
+        done = sorted(n for n in os.listdir(folder) if n.startswith("done-"))
+        assert "done-2" not in done, done
+        assert done == ["done-1"], done
+        pool = fork_pool(ex)
+        assert not pool._abort_when_started
+        again = ex.map(quick_mark, range(6), itertools.repeat(str(tmp_path / "warm")), chunksize=1)
+        assert list(again) == list(range(6))
