@@ -2612,13 +2612,15 @@ class SmartExecutor(Executor):
         keeps one entry. Returns the entry logged.
         """
         size = stream.sizes[0] if stream is not None and stream.sizes else None
+        policy = measured_reasons(decision.reasons) if measured else decision.reasons
+        if backend != decision.backend:
+            # The policy's reasons argue for its route, not this one: said so
+            # (an inline map listed "processes run it in parallel").
+            policy = (f"before any item ran, the policy chose {decision.backend}:", *policy)
         done = dataclasses.replace(
             decision,
             backend=backend,
-            reasons=(
-                *reasons,
-                *(measured_reasons(decision.reasons) if measured else decision.reasons),
-            ),
+            reasons=(*reasons, *policy),
             share=decision.share and backend == decision.backend,
             chunksize=size,
             measure=False,
