@@ -238,13 +238,7 @@ def test_an_interrupted_map_stops_its_running_chunks(backend, how, tmp_path):
     folder = str(tmp_path)
     ex = SmartExecutor(2, backend=backend)
     try:
-        # Four chunks in flight, no more than the 2 workers and their next
-        # chunks: none waits in a worker's pipe behind item 2 (the fork pool
-        # sends a chunk ahead to a worker whose last one was short, as items
-        # 0 and 1 are), so items 2 and 3 run at once, one on each worker.
-        results = ex.map(
-            sleep_then_mark, range(8), itertools.repeat(folder), chunksize=1, buffersize=3
-        )
+        results = ex.map(sleep_then_mark, range(8), itertools.repeat(folder), chunksize=1)
         if how == "raise in the loop":
             with pytest.raises(KeyboardInterrupt):
                 for _ in results:
