@@ -134,17 +134,6 @@ DIRECT_WORKERS = 1
 #: (a pipe holds 64 KiB on Linux; a bigger write would block the dispatcher).
 PRESEND_MAX_BYTES = 32 * 1024
 
-#: A worker whose last chunk took under this many seconds (send to reply) is
-#: sent its next chunk while it runs the current one, when more chunks are
-#: queued than there are workers: it reads it from its pipe as soon as it
-#: replies, instead of waiting for this process to get a CPU, read the reply
-#: and send one (0.3-2 ms each time on 2 cores with both running workers: 12-15
-#: such waits a worker in a 0.28 s map of sha256 of 4 MiB, 4-6 in a 1,000-item
-#: map of a 1 us method, where they were most of its time in the workers). A
-#: longer chunk gains little from it, and a chunk queued behind one that runs
-#: long cannot go to a worker that frees up first.
-PIPELINE_BELOW_S = 0.05
-
 #: Seconds to wait for a dispatcher to pause (it may be running a future's
 #: done-callback, user code that may wait on us); past it, the fork goes on.
 PAUSE_TIMEOUT_S = 0.5
@@ -576,42 +565,14 @@ class _Task:
             pool._wake()
 
 
-def _aborted_error(task: _Task, pid: int | None) -> WorkerCrashedError:
-    """The error of a chunk stopped by :meth:`_ForkPool.abort` (``pid``: its worker's, if it ran)."""
-    where = "before it started" if pid is None else f"and its worker (pid {pid}) killed"
-    return WorkerCrashedError(
-        f"{task.name} was stopped {where}: the map it belonged to was "
-        f"interrupted (KeyboardInterrupt, SystemExit or close())",
-        exitcode=None if pid is None else -signal.SIGKILL,
-    )
-
-
 class _Worker:
-    __slots__ = (
-        "ident",
-        "conn",
-        "pid",
-        "task",
-        "next",
-        "started",
-        "last_s",
-        "deadline",
-        "lost",
-        "calls",
-        "doomed",
-        "pidfd",
-    )
+    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost", "calls", "doomed", "pidfd")
 
     def __init__(self, ident: int, conn: Any):
         self.ident = ident
         self.conn = conn
         self.pid: int | None = None  # known once the zygote reports the fork
         self.task: _Task | None = None
-        #: Sent after ``task``, waiting in its pipe (never without a ``task``;
-        #: never one with a timeout: see PIPELINE_BELOW_S).
-        self.next: _Task | None = None
-        self.started = 0.0  # time.monotonic() when ``task`` was sent or, queued, began
-        self.last_s: float | None = None  # seconds its last chunk took, send to reply
         self.deadline: float | None = None  # time.monotonic() when its chunk times out
         self.lost = False  # its pipe closed: it is exiting; its exit code is on the way
         self.calls = 0  # calls sent to it, for max_tasks_per_child
@@ -691,10 +652,6 @@ class _ForkPool:
         # Futures to stop (see abort()): appended without a lock, as abort() may
         # run in a generator's finalizer, in a thread that holds self._lock.
         self._aborting: collections.deque[Future[ChunkResult]] = collections.deque()
-        #: Aborted chunks queued in a worker's pipe behind one that runs on.
-        self._abort_when_started: set[Future[ChunkResult]] = set()
-        #: Chunks sent to a worker while it ran another (see _send_ahead).
-        self.sent_ahead = 0
         #: The signal terminate_workers() / kill_workers() asked for (0: none);
         #: the dispatcher sends it to every worker and replaces none.
         self._forced = 0
@@ -1024,7 +981,7 @@ class _ForkPool:
             task.pool = self
         if not task.future.set_running_or_notify_cancel():
             return True  # cancelled already: nothing to run (wait() was told)
-        worker.task, worker.started = task, time.monotonic()
+        worker.task = task
         worker.calls += task.items
         try:
             worker.conn.send_bytes(payload)
@@ -1160,10 +1117,9 @@ class _ForkPool:
             tasks = [*self._unsent, *self._queue]
             self._unsent.clear()
             self._queue.clear()
+        tasks += [w.task for w in self._workers if w.task is not None]
         for worker in self._workers:
-            tasks += [t for t in (worker.task, worker.next) if t is not None]
-            worker.task, worker.next, worker.deadline = None, None, None
-        self._abort_when_started.clear()
+            worker.task, worker.deadline = None, None
         return tasks
 
     def _break(self, error: InitializerError) -> None:
@@ -1229,9 +1185,9 @@ class _ForkPool:
             if replies:
                 # The freed workers take their next chunks first; then the
                 # replies are unpickled and their futures' callbacks run (a
-                # map's bookkeeping): done the other way round, every worker
-                # waited ~1 ms per chunk for this process (sha256 of 4 MiB
-                # on fork: 15 such waits a worker, 16-18 ms of a 0.29 s map).
+                # map's bookkeeping): the other way round, each worker also
+                # waited for those (sha256 of 4 MiB on fork: gaps of 0.6-1 ms
+                # between a worker's chunks, 16-18 ms in a 0.29 s map).
                 try:
                     self._dispatch()
                 finally:  # taken from their workers: nothing else would end them
@@ -1274,7 +1230,6 @@ class _ForkPool:
             if task is None or worker.deadline is None or worker.deadline > now:
                 continue
             worker.task, worker.deadline = None, None
-            self._requeue_next(worker)
             worker.kill()
             worker.lost = True  # no chunk goes to it; the zygote reports its exit
             timeout_s = task.timeout_s or 0.0
@@ -1303,21 +1258,22 @@ class _ForkPool:
                 self._unsent.remove(task)
         stopped: list[tuple[_Task, int | None]] = [(task, None) for task in unsent]
         for worker in list(self._workers):
-            queued = worker.next
-            if queued is not None and queued.future in aborting:
-                # In the worker's pipe, behind a chunk that is not stopped:
-                # stopped (with its worker) the moment it starts (_take_reply).
-                self._abort_when_started.add(queued.future)
             running = worker.task
             if running is None or running.future not in aborting:
                 continue
             worker.task, worker.deadline = None, None
-            self._requeue_next(worker)
             worker.kill()
             worker.lost = True  # no chunk goes to it; the zygote reports its exit
             stopped.append((running, worker.pid))
         for task, pid in stopped:
-            task.future.set_exception(_aborted_error(task, pid))
+            where = "before it started" if pid is None else f"and its worker (pid {pid}) killed"
+            task.future.set_exception(
+                WorkerCrashedError(
+                    f"{task.name} was stopped {where}: the map it belonged to was "
+                    f"interrupted (KeyboardInterrupt, SystemExit or close())",
+                    exitcode=None if pid is None else -signal.SIGKILL,
+                )
+            )
 
     def _next_task(self) -> _Task | None:
         """The next task to send: the queue's first, once it is pickled.
@@ -1386,7 +1342,7 @@ class _ForkPool:
                 self._retire(worker)
                 continue
             worker.calls += task.items
-            worker.task, worker.started = task, time.monotonic()
+            worker.task = task
             try:
                 worker.conn.send_bytes(task.payload)
             except OSError:
@@ -1396,51 +1352,6 @@ class _ForkPool:
             task.payload, task.sent = None, True
             if task.timeout_s is not None:
                 worker.deadline = time.monotonic() + task.timeout_s
-        self._send_ahead()
-
-    def _send_ahead(self) -> None:
-        """Queue a next chunk in the pipe of each busy worker whose chunks are short (PIPELINE_BELOW_S).
-
-        Only while more chunks wait than there are workers (near a map's
-        end they go to whichever worker frees up first), only chunks with
-        no timeout (a deadline runs from a chunk's start, which this process
-        would not see) and a small request (the pipe's buffer holds it), and
-        not with ``max_tasks_per_child``. The request is kept until the chunk
-        starts: a worker that dies first gives it back (:meth:`_requeue_next`).
-        """
-        if self._max_tasks is not None:
-            return
-        for worker in self._workers:
-            running = worker.task
-            if (
-                running is None
-                or worker.next is not None
-                or worker.lost
-                or worker.pid is None
-                or running.timeout_s is not None
-                or worker.last_s is None
-                or worker.last_s >= PIPELINE_BELOW_S
-            ):
-                continue
-            if len(self._unsent) + len(self._queue) <= len(self._workers):
-                return
-            task = self._next_task()
-            if task is None:
-                return
-            if task.timeout_s is not None or len(task.payload or b"") > PRESEND_MAX_BYTES:
-                with self._lock:
-                    self._unsent.appendleft(task)  # for the next free worker
-                return
-            try:
-                worker.conn.send_bytes(task.payload)
-            except OSError:
-                worker.lost = True  # it died: the chunk waits for another worker
-                with self._lock:
-                    self._unsent.appendleft(task)
-                continue
-            worker.next, task.sent = task, True
-            worker.calls += task.items
-            self.sent_ahead += 1
 
     def _take_reply(self, worker: _Worker) -> tuple[_Task, bytes] | None:
         """Read ``worker``'s reply and free the worker; the chunk and its reply, or None.
@@ -1454,19 +1365,6 @@ class _ForkPool:
             worker.lost = True  # it died; the zygote reports its exit code to _bury
             return None
         task, worker.task, worker.deadline = worker.task, None, None
-        now = time.monotonic()
-        if task is not None:
-            worker.last_s = now - worker.started
-        queued, worker.next = worker.next, None
-        if queued is not None:
-            # It replied: it is reading the chunk queued in its pipe now.
-            worker.task, worker.started, queued.payload = queued, now, None
-            if queued.future in self._abort_when_started:
-                self._abort_when_started.discard(queued.future)
-                worker.task = None
-                worker.kill()
-                worker.lost = True  # no chunk goes to it; its exit is reported
-                queued.future.set_exception(_aborted_error(queued, worker.pid))
         if task is None:
             return None  # a reply after its chunk timed out
         return task, data
@@ -1485,30 +1383,9 @@ class _ForkPool:
             del value
         del task, data
 
-    def _requeue_next(self, worker: _Worker) -> None:
-        """Take back the chunk queued in ``worker``'s pipe (it never started); another worker runs it."""
-        queued, worker.next = worker.next, None
-        if queued is None:
-            return
-        if self._forced:
-            queued.future.set_exception(
-                BrokenProcessPool(
-                    f"{queued.name} did not start: {forced_by(self._forced)} stopped the pool"
-                )
-            )
-            return
-        if queued.future in self._abort_when_started:
-            self._abort_when_started.discard(queued.future)
-            queued.future.set_exception(_aborted_error(queued, None))
-            return
-        queued.sent = False  # sent to a worker that never read it: send it again
-        with self._lock:
-            self._unsent.appendleft(queued)
-
     def _bury(self, worker: _Worker, exitcode: int | None) -> None:
         self._workers.remove(worker)
         worker.conn.close()
-        self._requeue_next(worker)
         task, worker.task, worker.deadline = worker.task, None, None
         if task is not None:
             if self._forced:
