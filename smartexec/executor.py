@@ -1663,7 +1663,8 @@ class SmartExecutor(Executor):
         if task_timeout is None:
             task_timeout = self._task_timeout
         end_time = None if timeout is None else timeout + time.monotonic()
-        iterables = snapshot_inputs(iterables)  # as the stdlib reads them: at the call
+        if buffersize is None:
+            iterables = snapshot_inputs(iterables)  # as the stdlib reads them: at the call
         remaining = common_length(iterables)
         inputs = zip(*iterables)
         with self._lock:
