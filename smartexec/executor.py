@@ -690,8 +690,13 @@ class SmartExecutor(Executor):
         self._call_recorders: dict[str, Any] = {}
         self._stats = StatsRecorder()
         # Dropped without shutdown(): let the backends go when this object
-        # dies, as the stdlib executors do (the callback holds no reference to self).
-        weakref.finalize(self, _release_backends, self._backends)
+        # dies, as the stdlib executors do (the callback holds no reference to
+        # self). Not at interpreter exit (weakref.finalize's default): a fork
+        # pool shut down without waiting runs its whole queue out then, and an
+        # executor still referenced at exit has its pools stopped instead
+        # (fork's exit hook): a forgotten shutdown() held the exit for as long
+        # as its queued calls ran, depending on which exit hook ran first.
+        weakref.finalize(self, _release_backends, self._backends).atexit = False
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:

@@ -221,15 +221,19 @@ def test_ctrl_c_during_map_stops_workers_and_leaves_no_orphans(use_with):
         proc.stderr.close()
 
 
-def test_a_forgotten_shutdown_does_not_hold_the_exit():
+@pytest.mark.parametrize("backend", [None, "fork"])
+def test_a_forgotten_shutdown_does_not_hold_the_exit(backend):
+    # With backend="fork" the executor's own clean-up for a dropped executor
+    # ran at exit too (weakref.finalize's default) and had the fork pool run
+    # its whole queue out: 4 calls of 60 s held the exit.
     result = _children.run_python(
-        """
+        f"""
         from smartexec import SmartExecutor
         from tests.scenarios import _reliability_workloads as w
 
         import time
 
-        ex = SmartExecutor(2)
+        ex = SmartExecutor(2, backend={backend!r})
         running = [ex.submit(w.sleep_then_return, 60) for _ in range(2)]
         queued = [ex.submit(w.sleep_then_return, 60) for _ in range(4)]
         while not all(f.running() for f in running):
