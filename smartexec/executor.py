@@ -2683,6 +2683,9 @@ class SmartExecutor(Executor):
             raise
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
+        # The profiles its maps measured, kept in memory meanwhile: written
+        # now, not while those maps ran (see smartexec._profiles.save).
+        _profiles.flush()
 
     shutdown.__doc__ = (
         (Executor.shutdown.__doc__ or "")

@@ -117,6 +117,7 @@ def test_cache_shows_and_clears_the_profile_store(profile_store, monkeypatch):
     from smartexec import _profiles as profiles
 
     profiles.save(len, profiles.StoredProfile("thread", 1e-6, None, 0.0, 10, time.time()))
+    profiles.flush()  # as this process's exit would
     result = run("cache")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{profile_store}: 1 profile of measured callables"

@@ -6,6 +6,7 @@ fixture in conftest.py), never the user's cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -55,11 +56,21 @@ def stored(gil=RELEASES, backend="thread", per_item_s=0.002, saved_at=None, item
 
 
 def new_process_view():
-    """Forget what this process read from the store, as a new process would have."""
+    """Forget what this process read from the store, as a new process would have.
+
+    This one's saves are written first, as its exit would.
+    """
+    profiles.flush()
     profiles._RUN_ID = os.urandom(8).hex()  # what it saved is an earlier run's
     with profiles._lock:
         profiles._view.clear()
         profiles._unwritable.clear()
+
+
+def save_now(fn, profile):
+    """Save ``profile`` and write it to disk at once (as an executor's shutdown does)."""
+    profiles.save(fn, profile)
+    profiles.flush()
 
 
 def only_file(directory):
@@ -73,7 +84,7 @@ def only_file(directory):
 @pytest.mark.parametrize("gil", [HOLDS, RELEASES, None])
 def test_save_then_load_in_a_new_process_view(profile_store, gil):
     profile = stored(gil=gil, backend="fork")
-    profiles.save(work, profile)
+    save_now(work, profile)
     new_process_view()
     assert profiles.load(work) == profile
     assert profiles.load(other) is None
@@ -83,7 +94,7 @@ def test_save_then_load_in_a_new_process_view(profile_store, gil):
 
 
 def test_a_load_reads_the_file_once_per_process(profile_store):
-    profiles.save(work, stored())
+    save_now(work, stored())
     new_process_view()
     first = profiles.load(work)
     only_file(profile_store).unlink()
@@ -95,8 +106,8 @@ def test_a_load_reads_the_file_once_per_process(profile_store):
 def test_one_file_per_callable_and_clear(profile_store):
     (profile_store / "notes.txt").write_text("the user's")
     for fn in (work, other, Model().predict, Model()):
-        profiles.save(fn, stored())
-    profiles.save(work, stored(per_item_s=0.5))  # replaces, adds no file
+        save_now(fn, stored())
+    save_now(work, stored(per_item_s=0.5))  # replaces, adds no file
     assert profiles.entry_count() == 4
     assert profiles.clear() == 4
     assert profiles.entry_count() == 0
@@ -106,10 +117,10 @@ def test_one_file_per_callable_and_clear(profile_store):
 
 
 def test_old_entries_are_ignored():
-    profiles.save(work, stored(saved_at=time.time() - profiles.MAX_AGE_S - 60))
+    save_now(work, stored(saved_at=time.time() - profiles.MAX_AGE_S - 60))
     new_process_view()
     assert profiles.load(work) is None
-    profiles.save(work, stored(saved_at=time.time() + 10 * 86400))  # a wrong clock
+    save_now(work, stored(saved_at=time.time() + 10 * 86400))  # a wrong clock
     new_process_view()
     assert profiles.load(work) is None
 
@@ -118,7 +129,7 @@ def test_the_store_stays_bounded(profile_store, monkeypatch):
     monkeypatch.setattr(profiles, "MAX_ENTRIES", 3)
     fns = [eval(f"lambda x: x + {i}") for i in range(5)]  # five keys: the code differs
     for i, fn in enumerate(fns):
-        profiles.save(fn, stored())
+        save_now(fn, stored())
         path = profile_store / profiles._file_name(profiles.profile_key(fn))
         os.utime(path, (1e9 + i, time.time() - 1000 + i))  # oldest first
     assert profiles.entry_count() == 3
@@ -127,8 +138,8 @@ def test_the_store_stays_bounded(profile_store, monkeypatch):
 
 
 def test_invalid_profiles_are_not_saved(profile_store):
-    profiles.save(work, stored(per_item_s=float("nan")))
-    profiles.save(work, stored(per_item_s=-1.0))
+    save_now(work, stored(per_item_s=float("nan")))
+    save_now(work, stored(per_item_s=-1.0))
     assert profiles.entry_count() == 0
     assert profiles.load(work) is None
 
@@ -231,6 +242,7 @@ with SmartExecutor() as ex:
     reasons = ex.explain(mod.work).reasons
 if {save}:
     gil = GilProfile("releases", 12, 0.05, 0.97, 0.02, 95)
+    # written at exit (no flush here)
     profiles.save(mod.work, profiles.StoredProfile("thread", 0.004, gil, 0.0, 300, time.time() - 3600))
 print(json.dumps({{"keys": keys, "loaded": loaded is not None, "reasons": reasons}}))
 """
@@ -273,11 +285,11 @@ def test_keys_are_stable_across_interpreters_and_change_with_the_code(tmp_path, 
 
 @pytest.mark.parametrize("off", ["0", "false", "No", "OFF"])
 def test_smartexec_cache_off_disables_load_and_save(profile_store, monkeypatch, off):
-    profiles.save(work, stored())
+    save_now(work, stored())
     monkeypatch.setenv(profiles.CACHE_ENV, off)
     assert profiles.cache_dir() is None
     assert profiles.load(work) is None
-    profiles.save(other, stored())
+    save_now(other, stored())
     with SmartExecutor() as ex:
         assert not any("earlier run" in r for r in ex.explain(work).reasons)
     monkeypatch.setenv(profiles.CACHE_ENV, "1")
@@ -315,7 +327,7 @@ def test_default_directory(monkeypatch, tmp_path):
     ],
 )
 def test_a_damaged_file_is_ignored_then_replaced(profile_store, damage):
-    profiles.save(work, stored())
+    save_now(work, stored())
     path = only_file(profile_store)
     path.write_text(damage(json.loads(path.read_text())), encoding="latin-1")
     new_process_view()
@@ -323,13 +335,13 @@ def test_a_damaged_file_is_ignored_then_replaced(profile_store, damage):
     with SmartExecutor() as ex:
         assert not any("earlier run" in r for r in ex.explain(work).reasons)
     fresh = stored(per_item_s=0.25)
-    profiles.save(work, fresh)
+    save_now(work, fresh)
     new_process_view()
     assert profiles.load(work) == fresh
 
 
 def test_an_unreadable_file_is_ignored(profile_store):
-    profiles.save(work, stored())
+    save_now(work, stored())
     path = only_file(profile_store)
     path.unlink()
     path.mkdir()  # reading it fails with IsADirectoryError
@@ -342,8 +354,8 @@ def test_an_unwritable_directory_disables_saving_quietly(tmp_path, monkeypatch, 
     blocker.write_text("")
     monkeypatch.setenv(profiles.CACHE_DIR_ENV, str(blocker / "cache"))  # cannot be made
     with caplog.at_level(logging.DEBUG, logger="smartexec._profiles"):
-        profiles.save(work, stored())
-        profiles.save(other, stored())
+        save_now(work, stored())
+        save_now(other, stored())
     lines = [r for r in caplog.records if r.name == "smartexec._profiles"]
     assert len(lines) == 1 and lines[0].levelno == logging.DEBUG
     assert "not saving profiles in" in lines[0].getMessage()
@@ -356,7 +368,7 @@ def test_an_unwritable_directory_disables_saving_quietly(tmp_path, monkeypatch, 
 
 def test_no_temporary_file_is_left(profile_store):
     for _ in range(5):
-        profiles.save(work, stored())
+        save_now(work, stored())
     assert [p.name for p in profile_store.iterdir()] == [
         profiles._file_name(profiles.profile_key(work))
     ]
@@ -373,7 +385,7 @@ def test_threads_save_and_load_at_once():
     def hammer(fn):
         try:
             for n in range(30):
-                profiles.save(fn, stored(items=n + 1))
+                save_now(fn, stored(items=n + 1))
                 assert profiles.load(fn) is not None
                 new_process_view()
         except BaseException as exc:  # pragma: no cover - the failure is the report
@@ -392,18 +404,76 @@ def test_threads_save_and_load_at_once():
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_while_the_store_is_locked_can_use_it():
-    profiles.save(work, stored())
+    save_now(work, stored())
     with profiles._lock:  # as another thread of the parent might hold it
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             signal.alarm(10)  # a deadlock ends the child, not the suite
             ok = profiles.load(work) is not None
-            profiles.save(other, stored())
+            save_now(other, stored())
             os._exit(0 if ok else 3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     new_process_view()
     assert profiles.load(other) is not None
+
+
+def test_a_fork_child_does_not_write_the_parents_unwritten_saves(profile_store):
+    profiles.save(work, stored())  # known here, not written yet
+    assert not list(profile_store.glob("*.json"))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        signal.alarm(10)
+        profiles.flush()  # as the child's exit would, if it ran exit handlers
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert not list(profile_store.glob("*.json"))
+    profiles.flush()
+    assert len(list(profile_store.glob("*.json"))) == 1
+
+
+# -- when a save is written -----------------------------------------------------------
+
+
+def test_a_save_is_known_at_once_and_written_at_flush(profile_store):
+    # A save comes from a running map: its file is written later, at the
+    # executor's shutdown or at exit, not while the map's threads run.
+    profile = stored()
+    profiles.save(work, profile)
+    assert profiles.load(work) == dataclasses.replace(profile, run=profiles._RUN_ID)
+    assert not list(profile_store.glob("*.json"))
+    profiles.flush()
+    assert len(list(profile_store.glob("*.json"))) == 1
+    profiles.flush()  # nothing left to write: nothing happens
+    assert len(list(profile_store.glob("*.json"))) == 1
+
+
+def test_clear_drops_saves_not_written_yet(profile_store):
+    profiles.save(work, stored())
+    profiles.clear()
+    profiles.flush()
+    assert not list(profile_store.glob("*.json"))
+
+
+@pytest.mark.timeout(60)
+def test_an_executor_writes_its_maps_profiles_at_shutdown(profile_store):
+    with SmartExecutor() as ex:
+        assert list(ex.map(operator.neg, range(2000))) == [-x for x in range(2000)]
+    assert len(list(profile_store.glob("*.json"))) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_never_shuts_down_writes_its_profiles_at_exit(profile_store, tmp_path):
+    script = (
+        "import operator\n"
+        "from smartexec import SmartExecutor\n"
+        "ex = SmartExecutor()\n"
+        "assert list(ex.map(operator.neg, range(2000))) == [-x for x in range(2000)]\n"
+    )
+    result = run_python(script, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert len(list(profile_store.glob("*.json"))) == 1
 
 
 # -- the route --------------------------------------------------------------------
@@ -412,7 +482,7 @@ def test_a_child_forked_while_the_store_is_locked_can_use_it():
 def test_a_stored_profile_routes_a_new_executor_and_says_so():
     with SmartExecutor() as ex:
         assert ex.explain(work).backend == "fork"  # unmeasured: it may hold the GIL
-    profiles.save(work, stored(gil=RELEASES, backend="thread", per_item_s=0.004))
+    save_now(work, stored(gil=RELEASES, backend="thread", per_item_s=0.004))
     new_process_view()
     with SmartExecutor() as ex:
         decision = ex.explain(work)
@@ -428,7 +498,7 @@ def test_a_stored_profile_routes_a_new_executor_and_says_so():
 
 
 def test_a_stored_process_route_keeps_its_send_cost():
-    profiles.save(work, stored(gil=HOLDS, backend="fork", per_item_s=0.01))
+    save_now(work, stored(gil=HOLDS, backend="fork", per_item_s=0.01))
     new_process_view()
     with SmartExecutor() as ex:
         decision = ex.explain(work)
@@ -438,7 +508,7 @@ def test_a_stored_process_route_keeps_its_send_cost():
 
 
 def test_a_measurement_in_this_process_wins_over_the_store():
-    profiles.save(work, stored(gil=RELEASES))
+    save_now(work, stored(gil=RELEASES))
     remember(work, HOLDS)
     try:
         with SmartExecutor() as ex:
@@ -454,7 +524,7 @@ def test_a_stored_profile_is_rechecked_by_fresh_evidence():
     # The store says "computes without the GIL", but it is a pure-Python
     # loop: the first map on threads watches it afresh, and what that watch
     # found (usually "holds": then the rest goes to processes) replaces it.
-    profiles.save(work, stored(gil=RELEASES, backend="thread", per_item_s=0.002))
+    save_now(work, stored(gil=RELEASES, backend="thread", per_item_s=0.002))
     new_process_view()
     # As in a new process: its first chunks are watched (earlier tests in
     # this process may have spent work's watches).
