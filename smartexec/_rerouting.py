@@ -62,6 +62,10 @@ THREAD_GIL_PENALTY = 1.5
 #: they wait; from THREADS_RELEASE_CORES on they compute without the GIL.
 THREADS_WAIT_CORES = 0.3
 THREADS_RELEASE_CORES = 1.3
+#: Pool threads that must have had chunks, on average, for the cores they
+#: wanted to tell taking turns on the GIL (about one core between them) from
+#: releasing it (about one core each).
+MIN_BUSY_THREADS = 1.5
 #: A watch on a thread whose GIL share is at least this saw other threads
 #: hold the GIL: its thread's low CPU share is waiting for its turn.
 GIL_HELD_BY_OTHERS = 0.25
@@ -129,6 +133,10 @@ class Evidence:
             lowers ``process_cores`` of threads that release the GIL to
             what they got (one core reads as taking turns); their runnable
             time stays about one core per busy thread.
+        busy_threads: over the same time as ``wanted_cores``, how many pool
+            threads ran a chunk (or a call), on average; None where not read.
+            A pool fed fewer chunks than it has threads (the first chunks,
+            a caller kept off a CPU) has fewer threads to be runnable.
     """
 
     n_workers: int
@@ -140,6 +148,7 @@ class Evidence:
     on_threads: bool = False
     process_cores: float | None = None
     wanted_cores: float | None = None
+    busy_threads: float | None = None
     sent: list[tuple[int, float]] = field(default_factory=list)
     wall_chunks: int = 0
     cpu_total_s: float = 0.0
@@ -422,15 +431,26 @@ class Evidence:
         turns want about one core between them, plus their timed waits for
         the GIL (one each switch interval), queued for a CPU on a busy
         machine: 1.5 cores for six of them under load. Halfway between the
-        two, ``(1 + threads) / 2``, tells them apart; under
-        :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        two, ``(1 + busy) / 2``, tells them apart, where ``busy`` is how
+        many threads had a chunk (:attr:`busy_threads`, else every
+        worker): 64 numpy items whose pool was fed 3 chunks at a time
+        under load wanted 3.1 cores of 6 threads, and read as taking turns
+        (the rest moved to a loop, 1.4x slower). Fewer than
+        :data:`MIN_BUSY_THREADS` busy threads cannot tell (one thread alone
+        is runnable either way), unless they used more than one core.
+        Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
         (undecided, unless the items barely computed).
         """
-        if wanted >= (1 + self.n_workers) / 2 or used >= THREADS_RELEASE_CORES:
+        busy = (
+            self.n_workers if self.busy_threads is None else min(self.busy_threads, self.n_workers)
+        )
+        if used >= THREADS_RELEASE_CORES:
             return "releases"
-        if max(used, wanted) >= THREADS_WAIT_CORES:
-            return "holds"
-        return "waits" if share is None or share < THREADS_WAIT_CORES else None
+        if max(used, wanted) < THREADS_WAIT_CORES:
+            return "waits" if share is None or share < THREADS_WAIT_CORES else None
+        if busy < MIN_BUSY_THREADS:
+            return None
+        return "releases" if wanted >= (1 + busy) / 2 else "holds"
 
     def profile(self) -> GilProfile | None:
         """One :class:`~smartexec.gil.GilProfile` for the agreed kind (to remember), or None."""
@@ -470,8 +490,9 @@ class Evidence:
             else "too short alone to tell whether the GIL is held"
         )
         watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
+        busy = f" by {self.busy_threads:.1f} busy threads" if self.busy_threads is not None else ""
         wanted = (
-            f" and wanted {self.wanted_cores:.1f} (on a CPU or queued for one)"
+            f" and wanted {self.wanted_cores:.1f}{busy} (on a CPU or queued for one)"
             if self.wanted_cores is not None
             else ""
         )

@@ -2024,7 +2024,10 @@ class SmartExecutor(Executor):
         # ... and the seconds they were runnable (on a CPU or queued for one):
         # a busy machine does not hide threads that release the GIL.
         threads_wanted = getattr(backend, "threads_wanted_s", None)
-        # (time, the pool threads' CPU, time, their runnable seconds) at the first result
+        # ... over the seconds they had chunks: how many could be runnable.
+        threads_busy = getattr(backend, "threads_busy_s", None)
+        # (time, the pool threads' CPU, time, their runnable seconds, their
+        # busy seconds) at the first result
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
         evidence.on_threads = backend.shares_memory and threads_cpu is not None
@@ -2064,16 +2067,19 @@ class SmartExecutor(Executor):
                 # them, the CPU seconds of 6 GIL-holding threads read 1.4
                 # cores (it moved such a map to threads' verdict "releases").
                 wanted = threads_wanted() if threads_wanted is not None else None
+                busy = threads_busy() if threads_busy is not None else None
                 wanted_now = time.perf_counter()
                 if cpu is None:
                     pass  # no pool threads alive just now: read it at the next result
                 elif not started_at:
-                    started_at[:] = (now, cpu, wanted_now, wanted)
+                    started_at[:] = (now, cpu, wanted_now, wanted, busy)
                 elif min(now - started_at[0], wanted_now - started_at[2]) >= THREADS_MIN_WALL_S:
                     evidence.process_cores = (cpu - started_at[1]) / (now - started_at[0])
                     if wanted is not None and started_at[3] is not None:
                         wall = wanted_now - started_at[2]
                         evidence.wanted_cores = (wanted - started_at[3]) / wall
+                        if busy is not None and started_at[4] is not None:
+                            evidence.busy_threads = (busy - started_at[4]) / wall
             if evidence.ready():
                 settled = self._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize

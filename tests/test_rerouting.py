@@ -338,6 +338,34 @@ def test_on_threads_the_cores_the_threads_wanted_survive_a_busy_machine(used, wa
     assert found.kind == kind
 
 
+@pytest.mark.parametrize(
+    ("busy", "wanted", "kind"),
+    [
+        # 64 numpy items under load, the pool fed 3-4 chunks at a time: each
+        # busy thread runnable, though the six threads wanted 3.1 cores.
+        (3.6, 3.1, "releases"),
+        (5.9, 1.4, "holds"),  # six busy threads taking turns: about one core
+        (2.0, 1.05, "holds"),
+        (2.0, 1.9, "releases"),
+        (1.2, 1.1, None),  # one thread alone is runnable either way: cannot tell
+        (None, 3.1, "holds"),  # not read: every worker counts as busy
+    ],
+)
+def test_on_threads_the_cores_wanted_are_judged_against_the_threads_that_had_chunks(
+    busy, wanted, kind
+):
+    found = Evidence(6)
+    for _ in range(3):
+        found.add(1, 0.01, 0.0015, None)
+    found.on_threads = True
+    found.process_cores = 1.0
+    found.wanted_cores = wanted
+    found.busy_threads = busy
+    assert found.kind == kind
+    if busy is not None:
+        assert f"by {busy:.1f} busy threads" in found.describe()
+
+
 def test_the_chunks_own_send_time_counts_when_dearer_than_the_estimate():
     found = Evidence(2)
     assert found.send_s(0.005) == 0.005  # nothing sent yet: the estimate

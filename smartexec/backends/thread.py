@@ -116,6 +116,10 @@ class ThreadBackend(Backend):
         self._calls_out = itertools.count()
         self._closed = False
         self._sched = SchedReader()  # the pool threads' schedstat files, kept open
+        #: Per pool thread (by ident): (seconds spent in chunks and calls that
+        #: ended, perf_counter() at the start of the one running or 0.0). Each
+        #: thread replaces only its own entry, in one assignment: no lock.
+        self._busy: dict[int, tuple[float, float]] = {}
         _LIVE_THREAD_BACKENDS.add(self)
 
     def _live_threads(self) -> list[threading.Thread] | None:
@@ -150,6 +154,22 @@ class ThreadBackend(Backend):
                     return None  # no schedstat here
                 continue  # it ended meanwhile
             total += times[0] + times[1]
+        return total
+
+    def threads_busy_s(self) -> float:
+        """Seconds this backend's pool threads spent in chunks and calls so far (running ones to now).
+
+        The thread-seconds of work given to the pool, whatever the threads
+        did meanwhile (computed, waited for the GIL, for a CPU, for I/O);
+        a thread waiting for its next chunk adds nothing. Read beside
+        :meth:`threads_wanted_s`: threads that release the GIL want about
+        one core per busy thread, threads that take turns on it about one
+        core between them, however many are busy.
+        """
+        now = time.perf_counter()
+        total = 0.0
+        for done, start in list(self._busy.values()):
+            total += done + (now - start if start else 0.0)
         return total
 
     def threads_cpu_s(self) -> float | None:
@@ -260,12 +280,26 @@ class ThreadBackend(Backend):
         box = None if self._initializer is None else self._box
         try:
             if timeout_s is None:
-                future = pool.submit(_run_capped, box, self._cpu_count, fn, chunk, budget_s)
+                future = pool.submit(
+                    _run_capped, box, self._cpu_count, fn, chunk, budget_s, self._busy
+                )
                 future.add_done_callback(self._finished)
+                # After the pool's first chunk is on its way (it runs alone,
+                # uncapped), before a second can overlap it: see
+                # ThreadCap.prepare.
+                THREAD_CAP.prepare()
                 return future
             outer: Future[ChunkResult] = Future()
             inner = pool.submit(
-                _run_with_deadline, outer, fn, chunk, budget_s, timeout_s, box, self._cpu_count
+                _run_with_deadline,
+                outer,
+                fn,
+                chunk,
+                budget_s,
+                timeout_s,
+                box,
+                self._cpu_count,
+                self._busy,
             )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
@@ -390,8 +424,12 @@ def _run_capped(
     fn: Any,
     chunk: Sequence[Call],
     budget_s: float | None,
+    busy: dict[int, tuple[float, float]] | None = None,
 ) -> ChunkResult:
     """Run a chunk in a pool thread, BLAS capped while others run, unless the initializer failed.
+
+    ``busy``: the backend's per-thread busy seconds (see
+    :meth:`ThreadBackend.threads_busy_s`), which this chunk adds to.
 
     Raises:
         ThreadInitializerError: the initializer raised (in this thread or another).
@@ -399,10 +437,17 @@ def _run_capped(
     if box is not None:
         box.raise_if_broken()
     ident = user_code_starts()
+    thread = threading.get_ident()
+    done = 0.0
+    if busy is not None:
+        done = busy.get(thread, (0.0, 0.0))[0]
+        busy[thread] = (done, time.perf_counter())
     try:
         with THREAD_CAP.running(cpu_count):
             return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
     finally:
+        if busy is not None:
+            busy[thread] = (done + time.perf_counter() - busy[thread][1], 0.0)
         user_code_ends(ident)
 
 
@@ -425,6 +470,10 @@ def _run_call(
         BaseException: whatever the call raises (its future gets it).
     """
     start = time.perf_counter()
+    busy = backend._busy
+    thread = threading.get_ident()
+    done = busy.get(thread, (0.0, 0.0))[0]
+    busy[thread] = (done, start)
     try:
         backend._box.raise_if_broken()
         THREAD_CAP.enter(backend._cpu_count)
@@ -435,10 +484,12 @@ def _run_call(
             user_code_ends(ident)
             THREAD_CAP.exit()
     finally:
+        end = time.perf_counter()
+        busy[thread] = (done + end - start, 0.0)
         next(backend._calls_out)
         if on_done is not None:
             try:
-                on_done(start, time.perf_counter())
+                on_done(start, end)
             except Exception:  # pragma: no cover - stats must never lose an outcome
                 pass
 
@@ -451,6 +502,7 @@ def _run_with_deadline(
     timeout_s: float,
     box: _initializer.Breakage | None = None,
     cpu_count: int = 1,
+    busy: dict[int, tuple[float, float]] | None = None,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
         return
@@ -481,7 +533,7 @@ def _run_with_deadline(
     timer.daemon = True
     timer.start()
     try:
-        result = _run_capped(None, cpu_count, fn, chunk, budget_s)
+        result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy)
     except BaseException as exc:
         result = None
         error: BaseException | None = exc
