@@ -66,6 +66,9 @@ THREADS_RELEASE_CORES = 1.3
 #: wanted to tell taking turns on the GIL (about one core between them) from
 #: releasing it (about one core each).
 MIN_BUSY_THREADS = 1.5
+#: ... and threads that release it want at least this many cores: two
+#: threads taking turns under load wanted 1.5 while 1.6 had chunks.
+RELEASE_MIN_WANTED = 1.8
 #: A watch on a thread whose GIL share is at least this saw other threads
 #: hold the GIL: its thread's low CPU share is waiting for its turn.
 GIL_HELD_BY_OTHERS = 0.25
@@ -161,8 +164,13 @@ class Evidence:
     noted_kind: GilKind | None = None
 
     def add(self, n_items: int, compute_s: float, cpu_s: float, gil: Any) -> None:
-        """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch)."""
-        if n_items <= 0:
+        """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch).
+
+        A chunk whose CPU seconds were not read (``cpu_s`` < 0, see
+        :meth:`~smartexec.backends.thread.ThreadBackend.unclocked`) is no
+        evidence: it is left out.
+        """
+        if n_items <= 0 or cpu_s < 0:
             return
         self.items += n_items
         self.cpu_total_s += max(cpu_s, 0.0)
@@ -437,8 +445,9 @@ class Evidence:
         under load wanted 3.1 cores of 6 threads, and read as taking turns
         (the rest moved to a loop, 1.4x slower). Fewer than
         :data:`MIN_BUSY_THREADS` busy threads cannot tell (one thread alone
-        is runnable either way), unless they used more than one core.
-        Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        is runnable either way), unless they used more than one core; and
+        releasing the GIL takes at least :data:`RELEASE_MIN_WANTED` cores
+        wanted. Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
         (undecided, unless the items barely computed).
         """
         busy = (
@@ -450,7 +459,7 @@ class Evidence:
             return "waits" if share is None or share < THREADS_WAIT_CORES else None
         if busy < MIN_BUSY_THREADS:
             return None
-        return "releases" if wanted >= (1 + busy) / 2 else "holds"
+        return "releases" if wanted >= max((1 + busy) / 2, RELEASE_MIN_WANTED) else "holds"
 
     def profile(self) -> GilProfile | None:
         """One :class:`~smartexec.gil.GilProfile` for the agreed kind (to remember), or None."""

@@ -347,6 +347,7 @@ def test_on_threads_the_cores_the_threads_wanted_survive_a_busy_machine(used, wa
         (5.9, 1.4, "holds"),  # six busy threads taking turns: about one core
         (2.0, 1.05, "holds"),
         (2.0, 1.9, "releases"),
+        (1.6, 1.5, "holds"),  # two taking turns under load, one queued for a CPU
         (1.2, 1.1, None),  # one thread alone is runnable either way: cannot tell
         (None, 3.1, "holds"),  # not read: every worker counts as busy
     ],

@@ -261,6 +261,15 @@ class ThreadBackend(Backend):
         """The stdlib's default, ``min(32, cpu_count + 4)``: room for I/O waits."""
         return min(32, cpu_count + 4)
 
+    def unclocked(self, fn: Any) -> Any:
+        """What to send in place of ``fn`` for chunks whose CPU seconds nobody reads.
+
+        :meth:`submit_chunk` then runs ``fn`` without reading the thread's
+        CPU clock: the reply's ``cpu_s`` is 0.0 (see
+        :func:`~smartexec._remote.run_chunk`'s ``clock_cpu``).
+        """
+        return _Unclocked(fn)
+
     def submit_chunk(
         self,
         fn: Any,
@@ -275,13 +284,17 @@ class ThreadBackend(Backend):
         fails with :class:`~smartexec.errors.TaskTimeoutError` once the
         chunk has run that many seconds, and the call runs on in its thread
         (holding that worker) until it returns; its result is dropped.
+        ``fn`` may come from :meth:`unclocked`.
         """
+        clock = type(fn) is not _Unclocked
+        if not clock:
+            fn = fn.fn
         pool = self._take_pool()
         box = None if self._initializer is None else self._box
         try:
             if timeout_s is None:
                 future = pool.submit(
-                    _run_capped, box, self._cpu_count, fn, chunk, budget_s, self._busy
+                    _run_capped, box, self._cpu_count, fn, chunk, budget_s, self._busy, clock
                 )
                 future.add_done_callback(self._finished)
                 # After the pool's first chunk is on its way (it runs alone,
@@ -300,6 +313,7 @@ class ThreadBackend(Backend):
                 box,
                 self._cpu_count,
                 self._busy,
+                clock,
             )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
@@ -379,6 +393,15 @@ class ThreadBackend(Backend):
                         self._pool = None
 
 
+class _Unclocked:
+    """A callable to run without reading the thread's CPU clock (:meth:`ThreadBackend.unclocked`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+
 _LIVE_THREAD_BACKENDS: weakref.WeakSet[ThreadBackend] = weakref.WeakSet()
 
 
@@ -425,11 +448,13 @@ def _run_capped(
     chunk: Sequence[Call],
     budget_s: float | None,
     busy: dict[int, tuple[float, float]] | None = None,
+    clock: bool = True,
 ) -> ChunkResult:
     """Run a chunk in a pool thread, BLAS capped while others run, unless the initializer failed.
 
     ``busy``: the backend's per-thread busy seconds (see
-    :meth:`ThreadBackend.threads_busy_s`), which this chunk adds to.
+    :meth:`ThreadBackend.threads_busy_s`), which this chunk adds to;
+    ``clock``: read the thread's CPU clock (see :meth:`ThreadBackend.unclocked`).
 
     Raises:
         ThreadInitializerError: the initializer raised (in this thread or another).
@@ -444,7 +469,7 @@ def _run_capped(
         busy[thread] = (done, time.perf_counter())
     try:
         with THREAD_CAP.running(cpu_count):
-            return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL)
+            return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL, clock_cpu=clock)
     finally:
         if busy is not None:
             busy[thread] = (done + time.perf_counter() - busy[thread][1], 0.0)
@@ -503,6 +528,7 @@ def _run_with_deadline(
     box: _initializer.Breakage | None = None,
     cpu_count: int = 1,
     busy: dict[int, tuple[float, float]] | None = None,
+    clock: bool = True,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
         return
@@ -533,7 +559,7 @@ def _run_with_deadline(
     timer.daemon = True
     timer.start()
     try:
-        result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy)
+        result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy, clock)
     except BaseException as exc:
         result = None
         error: BaseException | None = exc

@@ -1,4 +1,4 @@
-"""The thread backend's busy thread-seconds: time in chunks and calls, not time idle.
+"""The thread backend's figures for the router: busy thread-seconds, CPU clocks read or not.
 
 The map's router reads them beside the cores the pool's threads wanted
 (see ``Evidence.busy_threads``): a pool fed fewer chunks than it has
@@ -34,3 +34,24 @@ def test_busy_seconds_count_chunks_and_calls_not_idle_threads():
         assert backend.threads_busy_s() - done >= 0.1
     finally:
         backend.shutdown(wait=True)
+
+
+def test_an_unclocked_chunk_reads_no_cpu_clock_and_is_no_evidence():
+    # Reading a thread's CPU clock costs it its turn on a busy machine: chunks
+    # whose CPU seconds no router reads skip it, and say so (-1.0).
+    from smartexec._rerouting import Evidence
+
+    backend = ThreadBackend(2, 2)
+    try:
+        calls = [((x,), {}) for x in range(3)]
+        clocked = backend.submit_chunk(abs, calls).result(timeout=30)
+        plain = backend.submit_chunk(backend.unclocked(abs), calls).result(timeout=30)
+        timed = backend.submit_chunk(backend.unclocked(abs), calls, timeout_s=30).result(timeout=30)
+    finally:
+        backend.shutdown(wait=True)
+    assert clocked.cpu_s >= 0.0
+    assert plain.cpu_s == timed.cpu_s == -1.0
+    assert [v for _, v in plain.outcomes] == [v for _, v in timed.outcomes] == [0, 1, 2]
+    found = Evidence(2)
+    found.add(3, plain.compute_s, plain.cpu_s, None)
+    assert found.items == 0 and not found.per_item

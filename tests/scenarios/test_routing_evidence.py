@@ -428,3 +428,27 @@ def test_a_number_of_the_users_own_type_put_in_after_map_returns_never_runs_here
         items[-1] = PidNumber(3)
         assert list(results) == [2, 4] * 5_000
     _profiles.clear()
+
+
+def test_a_map_on_threads_reads_cpu_clocks_only_while_it_measures(monkeypatch):
+    # Each read of a thread's CPU clock costs it its turn on a busy machine:
+    # until the verdict, each worker's first chunk and every third after it
+    # are clocked; after it, none.
+    np = pytest.importorskip("numpy")
+    from smartexec.backends import thread
+
+    sent = []
+    real = thread.ThreadBackend.submit_chunk
+
+    def spy(self, fn, chunk, budget_s=None, **kwargs):
+        sent.append(type(fn) is not thread._Unclocked)
+        return real(self, fn, chunk, budget_s, **kwargs)
+
+    monkeypatch.setattr(thread.ThreadBackend, "submit_chunk", spy)
+    arrays = [np.full(1 << 19, 1.5)] * 1000  # ~0.5 s of work: the verdict comes early
+    with SmartExecutor() as ex:
+        assert list(ex.map(einsum_total, arrays)) == [einsum_total(a) for a in arrays]
+        log = "\n".join(map(str, ex.decisions()))
+    assert ex.stats().backends.keys() == {"thread"}, log
+    assert sent[0] and sent.count(True) >= 2, (sent, log)  # the first chunks measure
+    assert not any(sent[-5:]), (sent, log)  # the last ones, after the verdict, do not
