@@ -1175,9 +1175,15 @@ class Relay:
 
 
 def stream_values(
-    prefix: list[Any], stream: ChunkStream | Relay, ordered: bool = True
+    prefix: list[Any],
+    stream: ChunkStream | Relay,
+    ordered: bool = True,
+    on_end: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """Yield the probe's results, then each streamed outcome; raise at its position.
+
+    ``on_end()`` is called once the results end (read to the end, raised,
+    or closed), after the stream is cancelled.
 
     An item's exception cancels the chunks not started and lets running ones
     finish, as the stdlib's ``map`` does; closing this generator, or
@@ -1208,6 +1214,8 @@ def stream_values(
                     yield outcomes.pop()[1]
     finally:
         stream.cancel()
+        if on_end is not None:
+            on_end()
 
 
 #: Read in completion order, a map that moved to a loop in this thread runs

@@ -18,8 +18,9 @@ new map, never trusted over fresh evidence.
 Storage: ``$SMARTEXEC_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/smartexec``,
 else ``~/.cache/smartexec``; ``SMARTEXEC_CACHE=0`` (or ``false``, ``no``,
 ``off``) turns loading and saving off. A save is known to this process at
-once and written to disk by :func:`flush`: when an executor shuts down, and
-at interpreter exit, not while a map runs (a write lets go of the GIL and,
+once and written to disk by :func:`flush`: when the map that measured it
+ends, when an executor shuts down, and at interpreter exit, not while a map
+runs (a write lets go of the GIL and,
 under load, waits for it behind busy pool threads: two saves took 17 ms of
 a 70 ms map of numpy items on threads). Files are written atomically (a
 temporary file in the same directory, then :func:`os.replace`); a file that
@@ -368,11 +369,13 @@ _view: dict[tuple[str, str], StoredProfile | None] = {}
 _unwritable: set[str] = set()
 #: Saves not written yet: (directory, its str()) and file name -> the file's text.
 _pending: dict[tuple[Path, str, str], str] = {}
+_flushing = threading.Lock()  # held by flush() throughout
 
 
 def _after_fork_in_child() -> None:
-    global _lock
+    global _lock, _flushing
     _lock = threading.Lock()  # another thread of the parent may have held it
+    _flushing = threading.Lock()
     _pending.clear()  # the parent's to write, not a worker's
 
 
@@ -541,8 +544,8 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
 
     Never raises: when the store is off or ``fn`` has no stable key it does
     nothing. Later loads in this process get ``profile`` at once; the file
-    is written by :func:`flush` (an executor's shutdown, interpreter exit),
-    not here: a save comes from a running map.
+    is written by :func:`flush` (the map's end, an executor's shutdown,
+    interpreter exit), not here: a save comes from a running map.
 
     Args:
         fn: the callable.
@@ -572,21 +575,25 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
 def flush() -> None:
     """Write the profiles saved by this process since the last flush; never raises.
 
-    Called when an executor shuts down and at interpreter exit (see
-    :func:`save`). A save that adds a file beyond :data:`MAX_ENTRIES`
+    Called when a map that measured its callable ends, when an executor
+    shuts down, and at interpreter exit (see :func:`save`); a store
+    turned off since the saves (``SMARTEXEC_CACHE=0``) gets nothing. A save that adds a file beyond :data:`MAX_ENTRIES`
     removes the oldest; a directory that cannot be written turns saving off
     for this process (one debug-level log line).
     """
-    with _lock:
-        if not _pending:
-            return
-        pending = list(_pending.items())
-        _pending.clear()
-    for (directory, where, name), text in pending:
+    with _flushing:  # one flush at a time: a slower one must not write older text last
         with _lock:
-            if where in _unwritable:
-                continue
-        _write(directory, where, name, text)
+            if not _pending:
+                return
+            pending = list(_pending.items())
+            _pending.clear()
+        if _where()[0] is None:
+            return  # the store was turned off since (SMARTEXEC_CACHE=0): nothing is written
+        for (directory, where, name), text in pending:
+            with _lock:
+                if where in _unwritable:
+                    continue
+            _write(directory, where, name, text)
 
 
 def _write(directory: Path, where: str, name: str, text: str) -> None:

@@ -352,7 +352,7 @@ def run_chunk(
     entries: Sequence[Any] = chunk.items if packed else chunk  # type: ignore[union-attr]
     if not isinstance(entries, Sequence):
         entries = list(entries)  # an iterator: its length is needed
-    key = _watch_due(fn) if watch else None
+    key = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
     sampler: GilSampler | None = None
     watched_from = 0
     if key is not None and len(entries) <= 1:

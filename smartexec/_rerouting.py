@@ -152,6 +152,8 @@ class Evidence:
     process_cores: float | None = None
     wanted_cores: float | None = None
     busy_threads: float | None = None
+    #: Replies left out because their CPU seconds were not read.
+    unclocked: int = 0
     sent: list[tuple[int, float]] = field(default_factory=list)
     wall_chunks: int = 0
     cpu_total_s: float = 0.0
@@ -170,7 +172,10 @@ class Evidence:
         :meth:`~smartexec.backends.thread.ThreadBackend.unclocked`) is no
         evidence: it is left out.
         """
-        if n_items <= 0 or cpu_s < 0:
+        if n_items <= 0:
+            return
+        if cpu_s < 0:
+            self.unclocked += 1  # counts toward MAX_SAMPLES: a verdict still comes
             return
         self.items += n_items
         self.cpu_total_s += max(cpu_s, 0.0)
@@ -191,14 +196,15 @@ class Evidence:
     def ready(self) -> bool:
         """Whether the evidence suffices to decide.
 
-        True after :data:`MAX_SAMPLES` chunks; or, from two chunks on, once
+        True after :data:`MAX_SAMPLES` replies (those whose CPU seconds were
+        not read count too, once one was); or, from two chunks on, once
         the watches agree on a GIL kind (see :attr:`kind`), or once
         :data:`CHEAP_ITEMS` items measure under :data:`CHEAP_ITEM_S` each:
         whether such items are worth sending to a process depends on their
         cost against pickling them, not on the GIL (their chunks are too
         short to watch it anyway).
         """
-        if len(self.per_item) >= MAX_SAMPLES:
+        if self.per_item and len(self.per_item) + self.unclocked >= MAX_SAMPLES:
             return True
         if len(self.per_item) < min(2, self.n_workers):
             return False
@@ -230,7 +236,7 @@ class Evidence:
         back sooner (64 numpy items of 1 ms) is taken again until they have
         been read, or its last look priced it as holding the GIL (3x off).
         """
-        if len(self.per_item) < MAX_SAMPLES:
+        if len(self.per_item) + self.unclocked < MAX_SAMPLES:
             return True
         return self.on_threads and self.process_cores is None
 
@@ -446,8 +452,8 @@ class Evidence:
         (the rest moved to a loop, 1.4x slower). Fewer than
         :data:`MIN_BUSY_THREADS` busy threads cannot tell (one thread alone
         is runnable either way), unless they used more than one core; and
-        releasing the GIL takes at least :data:`RELEASE_MIN_WANTED` cores
-        wanted. Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        over halfway but under :data:`RELEASE_MIN_WANTED` cores wanted
+        cannot tell either. Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
         (undecided, unless the items barely computed).
         """
         busy = (
@@ -459,7 +465,12 @@ class Evidence:
             return "waits" if share is None or share < THREADS_WAIT_CORES else None
         if busy < MIN_BUSY_THREADS:
             return None
-        return "releases" if wanted >= max((1 + busy) / 2, RELEASE_MIN_WANTED) else "holds"
+        halfway = (1 + busy) / 2
+        if wanted < halfway:
+            return "holds"
+        # Under RELEASE_MIN_WANTED, two threads releasing the GIL and two
+        # taking turns under load look alike: cannot tell.
+        return "releases" if wanted >= RELEASE_MIN_WANTED else None
 
     def profile(self) -> GilProfile | None:
         """One :class:`~smartexec.gil.GilProfile` for the agreed kind (to remember), or None."""

@@ -2150,7 +2150,9 @@ class SmartExecutor(Executor):
             )
         )
         self._note(decision, estimate, backend.name, (started,))  # no chunksize yet: 1, 1, ...
-        return stream_values([], relay, ordered)
+        # The profile its verdict saved is written once its results end (see
+        # smartexec._profiles.save), not while its chunks run.
+        return stream_values([], relay, ordered, on_end=_profiles.flush)
 
     def _settle(
         self,

@@ -456,6 +456,34 @@ def test_clear_drops_saves_not_written_yet(profile_store):
     assert not list(profile_store.glob("*.json"))
 
 
+def test_a_flush_after_the_store_is_turned_off_writes_nothing(profile_store, monkeypatch):
+    profiles.save(work, stored())
+    monkeypatch.setenv(profiles.CACHE_ENV, "0")
+    profiles.flush()
+    monkeypatch.delenv(profiles.CACHE_ENV)
+    profiles.flush()  # dropped, not kept for later
+    assert not list(profile_store.glob("*.json"))
+
+
+@pytest.mark.timeout(60)
+def test_a_measured_maps_profile_is_written_when_its_results_end(profile_store):
+    # Not at shutdown only: a fork child of multiprocessing ends by os._exit,
+    # which runs no exit handler.
+    from smartexec._remote import forget_watches
+
+    forget(work)  # measured afresh, as in a new process
+    forget_watches()
+    ex = SmartExecutor()
+    try:
+        assert list(ex.map(work, [20_000] * 64)) == [work(20_000)] * 64
+        log = "\n".join(map(str, ex.decisions()))
+        assert "measured in the workers" in log, log
+        assert len(list(profile_store.glob("*.json"))) == 1, log
+    finally:
+        ex.shutdown()
+        forget(work)
+
+
 @pytest.mark.timeout(60)
 def test_an_executor_writes_its_maps_profiles_at_shutdown(profile_store):
     with SmartExecutor() as ex:

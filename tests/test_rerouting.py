@@ -347,7 +347,8 @@ def test_on_threads_the_cores_the_threads_wanted_survive_a_busy_machine(used, wa
         (5.9, 1.4, "holds"),  # six busy threads taking turns: about one core
         (2.0, 1.05, "holds"),
         (2.0, 1.9, "releases"),
-        (1.6, 1.5, "holds"),  # two taking turns under load, one queued for a CPU
+        (1.6, 1.5, None),  # two taking turns under load, or releasing: alike
+        (1.7, 1.7, None),
         (1.2, 1.1, None),  # one thread alone is runnable either way: cannot tell
         (None, 3.1, "holds"),  # not read: every worker counts as busy
     ],
@@ -365,6 +366,24 @@ def test_on_threads_the_cores_wanted_are_judged_against_the_threads_that_had_chu
     assert found.kind == kind
     if busy is not None:
         assert f"by {busy:.1f} busy threads" in found.describe()
+
+
+def test_replies_whose_cpu_was_not_read_still_bring_the_verdict():
+    # On threads a measuring map reads the CPU clock of a third of its
+    # chunks: the others still count toward MAX_SAMPLES, or a map whose GIL
+    # use stays undecided would never settle.
+    from smartexec._rerouting import MAX_SAMPLES
+
+    found = Evidence(6)
+    found.add(1, 0.01, -1.0, None)
+    assert not found.ready()  # no figure at all yet
+    found.add(1, 0.01, 0.009, None)
+    for _ in range(MAX_SAMPLES - 3):
+        found.add(1, 0.01, -1.0, None)
+    assert not found.ready() and found.recheck_stay()
+    found.add(1, 0.01, -1.0, None)
+    assert found.ready() and found.items == 1
+    assert not found.recheck_stay()
 
 
 def test_the_chunks_own_send_time_counts_when_dearer_than_the_estimate():

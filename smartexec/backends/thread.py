@@ -265,9 +265,13 @@ class ThreadBackend(Backend):
         """What to send in place of ``fn`` for chunks whose CPU seconds nobody reads.
 
         :meth:`submit_chunk` then runs ``fn`` without reading the thread's
-        CPU clock: the reply's ``cpu_s`` is 0.0 (see
-        :func:`~smartexec._remote.run_chunk`'s ``clock_cpu``).
+        CPU clock: the reply's ``cpu_s`` is -1.0 (see
+        :func:`~smartexec._remote.run_chunk`'s ``clock_cpu``). A subclass
+        that overrides :meth:`submit_chunk` (a plugin that wraps ``fn``)
+        gets ``fn`` itself, as :meth:`Backend.submit_chunk` promises.
         """
+        if type(self).submit_chunk is not ThreadBackend.submit_chunk:
+            return fn
         return _Unclocked(fn)
 
     def submit_chunk(
@@ -297,30 +301,31 @@ class ThreadBackend(Backend):
                     _run_capped, box, self._cpu_count, fn, chunk, budget_s, self._busy, clock
                 )
                 future.add_done_callback(self._finished)
-                # After the pool's first chunk is on its way (it runs alone,
-                # uncapped), before a second can overlap it: see
-                # ThreadCap.prepare.
-                THREAD_CAP.prepare()
-                return future
-            outer: Future[ChunkResult] = Future()
-            inner = pool.submit(
-                _run_with_deadline,
-                outer,
-                fn,
-                chunk,
-                budget_s,
-                timeout_s,
-                box,
-                self._cpu_count,
-                self._busy,
-                clock,
-            )
+            else:
+                outer: Future[ChunkResult] = Future()
+                inner = pool.submit(
+                    _run_with_deadline,
+                    outer,
+                    fn,
+                    chunk,
+                    budget_s,
+                    timeout_s,
+                    box,
+                    self._cpu_count,
+                    self._busy,
+                    clock,
+                )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
             raise
-        inner.add_done_callback(self._finished)
-        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        return outer
+        if timeout_s is not None:
+            inner.add_done_callback(self._finished)
+            outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+            future = outer
+        # After the pool's first chunk is on its way (it runs alone,
+        # uncapped), before a second can overlap it: see ThreadCap.prepare.
+        THREAD_CAP.prepare()
+        return future
 
     def submit_call(
         self,

@@ -55,3 +55,28 @@ def test_an_unclocked_chunk_reads_no_cpu_clock_and_is_no_evidence():
     found = Evidence(2)
     found.add(3, plain.compute_s, plain.cpu_s, None)
     assert found.items == 0 and not found.per_item
+
+
+class _Wrapping(ThreadBackend):
+    """A plugin's thread backend that wraps the callable it is sent."""
+
+    name = "wrapping-threads"
+
+    def submit_chunk(self, fn, chunk, budget_s=None, **kwargs):
+        def traced(*args, **kw):
+            return fn(*args, **kw)
+
+        return super().submit_chunk(traced, chunk, budget_s, **kwargs)
+
+
+def test_a_subclass_that_overrides_submit_chunk_gets_the_callable_itself():
+    # Backend.submit_chunk promises what prepare() returned: a subclass that
+    # wraps it must not get the unclocked marker.
+    backend = _Wrapping(2, 2)
+    try:
+        assert backend.unclocked(abs) is abs
+        result = backend.submit_chunk(backend.unclocked(abs), [((-2,), {})]).result(timeout=30)
+    finally:
+        backend.shutdown(wait=True)
+    assert result.outcomes == [(True, 2)]
+    assert result.cpu_s >= 0.0
