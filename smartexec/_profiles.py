@@ -370,6 +370,8 @@ _unwritable: set[str] = set()
 #: Saves not written yet: (directory, its str()) and file name -> the file's text.
 _pending: dict[tuple[Path, str, str], str] = {}
 _flushing = threading.Lock()  # held by flush() throughout
+#: Whether flush() is registered to run at exit (at the first save).
+_at_exit = False
 
 
 def _after_fork_in_child() -> None:
@@ -567,9 +569,17 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
         LOGGER.debug("smartexec: not saving an invalid profile of %s: %r", key, profile)
         return
     _remember((where, key), profile)
+    global _at_exit
     with _lock:
         if where not in _unwritable:
             _pending[(directory, where, _file_name(key))] = text
+        register, _at_exit = not _at_exit, True
+    if register:
+        # At the first save, so that it runs before the exit hooks of the
+        # pools started earlier (atexit runs the last registered first):
+        # written after them, the files moved loky's semaphore clean-up at
+        # exit, whose tracker then warned of a leak.
+        atexit.register(flush)
 
 
 def flush() -> None:
@@ -577,9 +587,10 @@ def flush() -> None:
 
     Called when a map that measured its callable ends, when an executor
     shuts down, and at interpreter exit (see :func:`save`); a store
-    turned off since the saves (``SMARTEXEC_CACHE=0``) gets nothing. A save that adds a file beyond :data:`MAX_ENTRIES`
-    removes the oldest; a directory that cannot be written turns saving off
-    for this process (one debug-level log line).
+    turned off since the saves (``SMARTEXEC_CACHE=0``) gets nothing. A
+    save that adds a file beyond :data:`MAX_ENTRIES` removes the oldest;
+    a directory that cannot be written turns saving off for this process
+    (one debug-level log line).
     """
     with _flushing:  # one flush at a time: a slower one must not write older text last
         with _lock:
@@ -622,9 +633,6 @@ def _write(directory: Path, where: str, name: str, text: str) -> None:
             _prune(directory, name)
         except OSError:  # the profile is saved; pruning is tried again on the next new one
             pass
-
-
-atexit.register(flush)
 
 
 def _files(directory: Path) -> list[str]:
