@@ -466,18 +466,18 @@ def _run_capped(
     """
     if box is not None:
         box.raise_if_broken()
-    ident = user_code_starts()
-    thread = threading.get_ident()
-    done = 0.0
+    ident = user_code_starts()  # this thread's ident, which keys ``busy`` too
+    done = begun = 0.0
     if busy is not None:
-        done = busy.get(thread, (0.0, 0.0))[0]
-        busy[thread] = (done, time.perf_counter())
+        done = busy.get(ident, (0.0, 0.0))[0]
+        begun = time.perf_counter()
+        busy[ident] = (done, begun)
     try:
         with THREAD_CAP.running(cpu_count):
             return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL, clock_cpu=clock)
     finally:
         if busy is not None:
-            busy[thread] = (done + time.perf_counter() - busy[thread][1], 0.0)
+            busy[ident] = (done + time.perf_counter() - begun, 0.0)
         user_code_ends(ident)
 
 
