@@ -69,6 +69,18 @@ MIN_BUSY_THREADS = 1.5
 #: ... and threads that release it want at least this many cores: two
 #: threads taking turns under load wanted 1.5 while 1.6 had chunks.
 RELEASE_MIN_WANTED = 1.8
+#: ... and only while the machine had at least this many cores idle. With
+#: none to spare, waiters for the GIL queue for a CPU at each wake-up, and
+#: threads that release it stall behind a GIL holder the machine took off
+#: its CPU: under one or two competing processes (2-core machine), six
+#: threads taking turns wanted 1.4-3.4 cores, six running einsum 2.3-4.1.
+#: Only threads that wanted under BUSY_MACHINE_HOLDS_WANTED cores (or
+#: under halfway, if less) read as taking turns there.
+SPARE_MIN_CORES = 0.5
+BUSY_MACHINE_HOLDS_WANTED = 1.6
+#: ... read over this many seconds at most while the idle time's rounding
+#: leaves it unsure (see :meth:`Evidence.spare_cores`).
+IDLE_SETTLE_S = 0.25
 #: A watch on a thread whose GIL share is at least this saw other threads
 #: hold the GIL: its thread's low CPU share is waiting for its turn.
 GIL_HELD_BY_OTHERS = 0.25
@@ -140,6 +152,12 @@ class Evidence:
             threads ran a chunk (or a call), on average; None where not read.
             A pool fed fewer chunks than it has threads (the first chunks,
             a caller kept off a CPU) has fewer threads to be runnable.
+        idle_cores: over the same time, how many of the machine's cores
+            sat idle, give or take ``idle_error`` (its idle time is counted
+            in whole ticks per CPU, see :data:`~smartexec.gil.IDLE_TICK_S`)
+            and measured over ``idle_wall_s`` seconds; None where not read.
+            Under :data:`SPARE_MIN_CORES`, ``wanted_cores`` decides nothing
+            (see :meth:`spare_cores`).
     """
 
     n_workers: int
@@ -152,6 +170,9 @@ class Evidence:
     process_cores: float | None = None
     wanted_cores: float | None = None
     busy_threads: float | None = None
+    idle_cores: float | None = None
+    idle_error: float = 0.0
+    idle_wall_s: float = 0.0
     #: Replies left out because their CPU seconds were not read.
     unclocked: int = 0
     sent: list[tuple[int, float]] = field(default_factory=list)
@@ -234,11 +255,13 @@ class Evidence:
         On threads, the GIL kind comes from the pool's clocks read
         :data:`THREADS_MIN_WALL_S` apart: a map whose first chunks all came
         back sooner (64 numpy items of 1 ms) is taken again until they have
-        been read, or its last look priced it as holding the GIL (3x off).
+        been read, or its last look priced it as holding the GIL (3x off);
+        so is one whose figures wait on the machine's idle time (see
+        :meth:`spare_cores`).
         """
         if len(self.per_item) + self.unclocked < MAX_SAMPLES:
             return True
-        return self.on_threads and self.process_cores is None
+        return self.on_threads and (self.process_cores is None or self.spare_cores() is None)
 
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""
@@ -431,11 +454,31 @@ class Evidence:
         if cores >= THREADS_RELEASE_CORES:
             return "releases"  # threads that hold the GIL cannot use much over one core
         gil_held = len(held) >= 2 and statistics.median(held) >= 0.5
-        if gil_held:
+        if gil_held and self.spare_cores():
             return "holds"
         # Between the two, with no watch seeing the GIL held: the threads'
         # first calls (imports, BLAS set-up) may be in the figure. Undecided.
         return None
+
+    def spare_cores(self) -> bool | None:
+        """Whether the machine had cores to spare while the threads ran: True, False, or None (not yet known).
+
+        Threads that use about one core while others sit idle wait for each
+        other; on a machine with no core to spare they may only be short of
+        CPUs (see :data:`SPARE_MIN_CORES`). True where the idle time is not
+        read; None while the idle cores, give or take the ticks' rounding,
+        straddle :data:`SPARE_MIN_CORES` over less than
+        :data:`IDLE_SETTLE_S` (a 20 ms window on 2 CPUs is off by up to
+        one core); after that, the figure as read decides.
+        """
+        idle = self.idle_cores
+        if idle is None:
+            return True
+        if idle - self.idle_error >= SPARE_MIN_CORES:
+            return True
+        if idle + self.idle_error < SPARE_MIN_CORES:
+            return False
+        return None if self.idle_wall_s < IDLE_SETTLE_S else idle >= SPARE_MIN_CORES
 
     def _kind_from_wanted(self, used: float, wanted: float, share: float | None) -> GilKind | None:
         """The kind of computing items on threads from the cores their threads wanted.
@@ -453,7 +496,10 @@ class Evidence:
         :data:`MIN_BUSY_THREADS` busy threads cannot tell (one thread alone
         is runnable either way), unless they used more than one core; and
         over halfway but under :data:`RELEASE_MIN_WANTED` cores wanted
-        cannot tell either. Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        cannot tell either; nor can any figure but one under
+        :data:`BUSY_MACHINE_HOLDS_WANTED` while fewer than
+        :data:`SPARE_MIN_CORES` of the machine's cores sat idle (a machine
+        busy with other work, see :meth:`spare_cores`). Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
         (undecided, unless the items barely computed).
         """
         busy = (
@@ -466,6 +512,10 @@ class Evidence:
         if busy < MIN_BUSY_THREADS:
             return None
         halfway = (1 + busy) / 2
+        if wanted < min(halfway, BUSY_MACHINE_HOLDS_WANTED):
+            return "holds"  # on any machine
+        if not self.spare_cores():
+            return None  # a machine with no core to spare (or not known yet)
         if wanted < halfway:
             return "holds"
         # Under RELEASE_MIN_WANTED, two threads releasing the GIL and two
@@ -511,8 +561,13 @@ class Evidence:
         )
         watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
         busy = f" by {self.busy_threads:.1f} busy threads" if self.busy_threads is not None else ""
+        idle = (
+            f", while {self.idle_cores:.1f} +- {self.idle_error:.1f} of the machine's cores sat idle"
+            if self.idle_cores is not None
+            else ""
+        )
         wanted = (
-            f" and wanted {self.wanted_cores:.1f}{busy} (on a CPU or queued for one)"
+            f" and wanted {self.wanted_cores:.1f}{busy} (on a CPU or queued for one){idle}"
             if self.wanted_cores is not None
             else ""
         )

@@ -16,6 +16,7 @@ import functools
 import inspect
 import itertools
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -66,6 +67,7 @@ from .gil import (
     GIL_MIN_ITEM_S,
     GIL_PROBE_MAX_ITEMS,
     GIL_PROBE_S,
+    IDLE_TICK_S,
     MANY_CORES,
     GilProfile,
     recall,
@@ -2031,10 +2033,13 @@ class SmartExecutor(Executor):
         threads_wanted = getattr(backend, "threads_wanted_s", None)
         # ... over the seconds they had chunks: how many could be runnable.
         threads_busy = getattr(backend, "threads_busy_s", None)
+        # ... and whether the machine had cores to spare meanwhile.
+        machine_idle = getattr(backend, "machine_idle_s", None)
         # (time, the pool threads' CPU, time, their runnable seconds, their
         # busy seconds) at the first result
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
+        idle_at = [0.0]  # ... and of the machine's idle time
         evidence.on_threads = backend.shares_memory and threads_cpu is not None
 
         def on_result(result: ChunkResult, calls: list[Call]) -> None:
@@ -2073,11 +2078,15 @@ class SmartExecutor(Executor):
                 # cores (it moved such a map to threads' verdict "releases").
                 wanted = threads_wanted() if threads_wanted is not None else None
                 busy = threads_busy() if threads_busy is not None else None
+                # In ticks of 10 ms: read no more often (each read lets go of the GIL).
+                idle = None
+                if machine_idle is not None and (not started_at or now - idle_at[0] >= IDLE_TICK_S):
+                    idle = machine_idle()
                 wanted_now = time.perf_counter()
                 if cpu is None:
                     pass  # no pool threads alive just now: read it at the next result
                 elif not started_at:
-                    started_at[:] = (now, cpu, wanted_now, wanted, busy)
+                    started_at[:] = (now, cpu, wanted_now, wanted, busy, idle)
                 elif min(now - started_at[0], wanted_now - started_at[2]) >= THREADS_MIN_WALL_S:
                     evidence.process_cores = (cpu - started_at[1]) / (now - started_at[0])
                     if wanted is not None and started_at[3] is not None:
@@ -2085,6 +2094,12 @@ class SmartExecutor(Executor):
                         evidence.wanted_cores = (wanted - started_at[3]) / wall
                         if busy is not None and started_at[4] is not None:
                             evidence.busy_threads = (busy - started_at[4]) / wall
+                        if idle is not None and started_at[5] is not None:
+                            idle_at[0] = wanted_now
+                            evidence.idle_cores = (idle - started_at[5]) / wall
+                            # Each CPU's counter is whole ticks: off by up to one each.
+                            evidence.idle_error = (os.cpu_count() or 1) * IDLE_TICK_S / wall
+                            evidence.idle_wall_s = wall
             if evidence.ready():
                 settled = self._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize

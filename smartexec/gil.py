@@ -247,6 +247,19 @@ def sched_times(native_id: int | None = None) -> tuple[float, float] | None:
         return None
 
 
+def _tick_s() -> float:
+    try:
+        return 1.0 / os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 0.01
+
+
+#: Seconds per tick of the idle time in ``/proc/stat`` (``USER_HZ``, 10 ms
+#: on Linux): each CPU's counter is whole ticks, so a difference of two
+#: readings is off by up to one tick per CPU.
+IDLE_TICK_S = _tick_s()
+
+
 class SchedReader:
     """:func:`sched_times` of several threads, read through descriptors kept open.
 
@@ -260,8 +273,31 @@ class SchedReader:
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
+        self._stat_fd: int | None = None
         self._lock = threading.Lock()
         self._closed = False
+
+    def idle_s(self) -> float | None:
+        """Seconds the machine's CPUs spent idle since boot, summed over them, or None.
+
+        The idle and I/O-wait ticks of the first line of ``/proc/stat``
+        (Linux), in whole ticks of :data:`IDLE_TICK_S` per CPU. The whole
+        machine: a competing process's CPU time is not idle, nor are this
+        process's threads'. None where that file cannot be read, and once
+        :meth:`close` was called.
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            try:
+                if self._stat_fd is None:
+                    self._stat_fd = os.open("/proc/stat", os.O_RDONLY)
+                fields = os.pread(self._stat_fd, 256, 0).split(b"\n", 1)[0].split()
+                if fields[0] != b"cpu":
+                    return None
+                return (int(fields[4]) + int(fields[5])) * IDLE_TICK_S
+            except (OSError, ValueError, IndexError):
+                return None
 
     def read(self, native_id: int) -> tuple[float, float] | None:
         """``(seconds on a CPU, seconds queued for one)`` of a thread of this process, or None.
@@ -300,6 +336,10 @@ class SchedReader:
             self._closed = True
             for native_id in list(self._fds):
                 self._forget(native_id)
+            if self._stat_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._stat_fd)
+                self._stat_fd = None
 
 
 def _foreign_thread_running() -> bool:

@@ -450,6 +450,27 @@ def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+def test_the_sched_reader_reads_the_machines_idle_seconds_through_one_descriptor():
+    from smartexec.gil import IDLE_TICK_S, SchedReader
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat here")
+    reader = SchedReader()
+    before = len(os.listdir("/proc/self/fd"))
+    first = reader.idle_s()
+    assert first is not None and first > 0
+    time.sleep(0.1)  # this thread sleeps: unless the machine is busy, its CPUs idle
+    later = reader.idle_s()
+    assert later is not None and later >= first
+    assert (later - first) / IDLE_TICK_S == pytest.approx(round((later - first) / IDLE_TICK_S))
+    for _ in range(100):  # no new descriptor per reading
+        assert reader.idle_s() is not None
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    reader.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert reader.idle_s() is None  # closed for good
+
+
 def test_a_kind_read_from_the_pool_clocks_names_no_duration():
     # Kinds found on threads from the pool's clocks have no watch: "(0 ms)" read as a bug.
     from smartexec.gil import GilProfile

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from smartexec._rerouting import (
+    IDLE_SETTLE_S,
     MAX_SAMPLES,
     SWITCH_GAIN,
     Evidence,
@@ -366,6 +367,69 @@ def test_on_threads_the_cores_wanted_are_judged_against_the_threads_that_had_chu
     assert found.kind == kind
     if busy is not None:
         assert f"by {busy:.1f} busy threads" in found.describe()
+
+
+@pytest.mark.parametrize(
+    ("idle", "error", "wall", "spare", "kind"),
+    [
+        # Six einsum threads on a busy 2-core machine (CI, Python 3.13): they
+        # got 1.1 cores and wanted 2.8 of 5.9 busy, under (1 + 5.9) / 2. With
+        # no core idle that says nothing: threads taking turns under load
+        # wanted 1.4-3.4, threads releasing the GIL 2.3-4.1.
+        (0.0, 0.1, 0.3, False, None),
+        (0.9, 0.1, 0.3, True, "holds"),  # a core sat idle: they waited for each other
+        (0.5, 0.4, 0.05, None, None),  # 50 ms of 10 ms ticks: not known yet ...
+        (0.6, 0.08, IDLE_SETTLE_S, True, "holds"),  # ... known
+        (0.45, 0.08, IDLE_SETTLE_S, False, None),  # ... settled as read, after IDLE_SETTLE_S
+        (None, 0.0, 0.0, True, "holds"),  # not read (no /proc/stat): as before
+    ],
+)
+def test_on_threads_the_cores_wanted_decide_only_while_the_machine_has_cores_to_spare(
+    idle, error, wall, spare, kind
+):
+    found = Evidence(6)
+    for _ in range(MAX_SAMPLES):
+        found.add(1, 0.01, 0.002, None)
+    found.on_threads = True
+    found.process_cores = 1.1
+    found.wanted_cores = 2.8
+    found.busy_threads = 5.9
+    found.idle_cores, found.idle_error, found.idle_wall_s = idle, error, wall
+    assert found.spare_cores() is spare
+    assert found.kind == kind
+    # Not known yet: taken again at later results, though MAX_SAMPLES are in.
+    assert found.recheck_stay() is (spare is None)
+    if idle is not None:
+        assert f"{idle:.1f} +- {error:.1f} of the machine's cores sat idle" in found.describe()
+
+
+@pytest.mark.parametrize(
+    ("wanted", "busy", "kind"),
+    [
+        (1.4, 5.9, "holds"),  # about one core between six: taking turns, on any machine
+        (1.4, 2.0, "holds"),  # under halfway for two threads
+        (3.4, 3.6, None),  # six taking turns under load wanted this much: not "releases"
+        (2.3, 3.1, None),  # six running einsum under load wanted this little: not "holds"
+    ],
+)
+def test_on_a_machine_with_no_core_to_spare_only_few_cores_wanted_decide(wanted, busy, kind):
+    found = Evidence(6)
+    for _ in range(3):
+        found.add(1, 0.01, 0.002, None)
+    found.on_threads = True
+    found.process_cores, found.wanted_cores, found.busy_threads = 0.9, wanted, busy
+    found.idle_cores, found.idle_error, found.idle_wall_s = 0.0, 0.1, 0.3
+    assert found.kind == kind
+
+
+def test_on_threads_a_pool_using_many_cores_releases_the_gil_whatever_the_machine_has_idle():
+    found = Evidence(6)
+    for _ in range(3):
+        found.add(1, 0.01, 0.004, None)
+    found.on_threads = True
+    found.process_cores, found.wanted_cores, found.busy_threads = 1.6, 4.5, 5.5
+    found.idle_cores, found.idle_error, found.idle_wall_s = 0.0, 0.1, 0.3
+    assert found.kind == "releases"
 
 
 def test_replies_whose_cpu_was_not_read_still_bring_the_verdict():

@@ -172,6 +172,18 @@ class ThreadBackend(Backend):
             total += done + (now - start if start else 0.0)
         return total
 
+    def machine_idle_s(self) -> float | None:
+        """Seconds the machine's CPUs spent idle so far, summed over them, or None.
+
+        See :meth:`smartexec.gil.SchedReader.idle_s` (Linux's
+        ``/proc/stat``, whole ticks of 10 ms per CPU). Read beside
+        :meth:`threads_wanted_s`: threads that want few cores while cores
+        sit idle wait for each other (the GIL); on a machine with no core
+        to spare, threads that take turns on the GIL and threads that share
+        the few cores left to them read alike.
+        """
+        return self._sched.idle_s()
+
     def threads_cpu_s(self) -> float | None:
         """CPU seconds used so far by this backend's pool threads (live ones), or None.
 
