@@ -69,7 +69,8 @@ MIN_BUSY_THREADS = 1.5
 #: ... and threads that release it want at least this many cores: two
 #: threads taking turns under load wanted 1.5 while 1.6 had chunks.
 RELEASE_MIN_WANTED = 1.8
-#: ... and only while the machine had at least this many cores idle. With
+#: ... and only while the machine had at least this many cores to spare
+#: (idle, or used by the pool, beyond one: see Evidence.spare_cores). With
 #: none to spare, waiters for the GIL queue for a CPU at each wake-up, and
 #: threads that release it stall behind a GIL holder the machine took off
 #: its CPU: under one or two competing processes (2-core machine), six
@@ -154,8 +155,8 @@ class Evidence:
             a caller kept off a CPU) has fewer threads to be runnable.
         idle_cores: over the same time, how many of the machine's cores
             sat idle, give or take ``idle_error`` (its idle time is counted
-            in whole ticks per CPU, see :data:`~smartexec.gil.IDLE_TICK_S`)
-            and measured over ``idle_wall_s`` seconds; None where not read.
+            in whole ticks, see :data:`~smartexec.gil.IDLE_TICK_S`) and
+            measured over ``idle_wall_s`` seconds; None where not read.
             Under :data:`SPARE_MIN_CORES`, ``wanted_cores`` decides nothing
             (see :meth:`spare_cores`).
     """
@@ -261,7 +262,9 @@ class Evidence:
         """
         if len(self.per_item) + self.unclocked < MAX_SAMPLES:
             return True
-        return self.on_threads and (self.process_cores is None or self.spare_cores() is None)
+        if not self.on_threads:
+            return False
+        return self.process_cores is None or (self.kind is None and self.spare_cores() is None)
 
     def add_send(self, n_items: int, seconds: float) -> None:
         """Record that sending a chunk of ``n_items`` took the caller ``seconds``."""
@@ -454,7 +457,7 @@ class Evidence:
         if cores >= THREADS_RELEASE_CORES:
             return "releases"  # threads that hold the GIL cannot use much over one core
         gil_held = len(held) >= 2 and statistics.median(held) >= 0.5
-        if gil_held and self.spare_cores():
+        if gil_held:
             return "holds"
         # Between the two, with no watch seeing the GIL held: the threads'
         # first calls (imports, BLAS set-up) may be in the figure. Undecided.
@@ -463,22 +466,25 @@ class Evidence:
     def spare_cores(self) -> bool | None:
         """Whether the machine had cores to spare while the threads ran: True, False, or None (not yet known).
 
-        Threads that use about one core while others sit idle wait for each
-        other; on a machine with no core to spare they may only be short of
-        CPUs (see :data:`SPARE_MIN_CORES`). True where the idle time is not
-        read; None while the idle cores, give or take the ticks' rounding,
-        straddle :data:`SPARE_MIN_CORES` over less than
-        :data:`IDLE_SETTLE_S` (a 20 ms window on 2 CPUs is off by up to
-        one core); after that, the figure as read decides.
+        The pool could have had the cores it used and those that sat idle;
+        beyond the one core threads taking turns on the GIL use, at least
+        :data:`SPARE_MIN_CORES` of them are to spare. Threads that use about
+        one core while others sit idle wait for each other; on a machine
+        with no core to spare they may only be short of CPUs. True where
+        the idle time is not read; None while that figure, give or take the
+        ticks' rounding, straddles :data:`SPARE_MIN_CORES` over less than
+        :data:`IDLE_SETTLE_S` (a 20 ms window is off by up to one core);
+        after that, the figure as read decides.
         """
-        idle = self.idle_cores
-        if idle is None:
+        if self.idle_cores is None:
             return True
-        if idle - self.idle_error >= SPARE_MIN_CORES:
+        # The cores the pool could have had: those it used and those idle.
+        spare = self.idle_cores + (self.process_cores or 0.0) - 1.0
+        if spare - self.idle_error >= SPARE_MIN_CORES:
             return True
-        if idle + self.idle_error < SPARE_MIN_CORES:
+        if spare + self.idle_error < SPARE_MIN_CORES:
             return False
-        return None if self.idle_wall_s < IDLE_SETTLE_S else idle >= SPARE_MIN_CORES
+        return None if self.idle_wall_s < IDLE_SETTLE_S else spare >= SPARE_MIN_CORES
 
     def _kind_from_wanted(self, used: float, wanted: float, share: float | None) -> GilKind | None:
         """The kind of computing items on threads from the cores their threads wanted.
@@ -498,8 +504,8 @@ class Evidence:
         over halfway but under :data:`RELEASE_MIN_WANTED` cores wanted
         cannot tell either; nor can any figure but one under
         :data:`BUSY_MACHINE_HOLDS_WANTED` while fewer than
-        :data:`SPARE_MIN_CORES` of the machine's cores sat idle (a machine
-        busy with other work, see :meth:`spare_cores`). Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
+        :data:`SPARE_MIN_CORES` cores were to spare (a machine busy with
+        other work, see :meth:`spare_cores`). Under :data:`THREADS_WAIT_CORES` of both the pool waited for chunks
         (undecided, unless the items barely computed).
         """
         busy = (

@@ -16,7 +16,6 @@ import functools
 import inspect
 import itertools
 import multiprocessing
-import os
 import signal
 import threading
 import time
@@ -2080,7 +2079,10 @@ class SmartExecutor(Executor):
                 busy = threads_busy() if threads_busy is not None else None
                 # In ticks of 10 ms: read no more often (each read lets go of the GIL).
                 idle = None
-                if machine_idle is not None and (not started_at or now - idle_at[0] >= IDLE_TICK_S):
+                if machine_idle is not None and (
+                    not started_at
+                    or (started_at[5] is not None and now - idle_at[0] >= IDLE_TICK_S)
+                ):
                     idle = machine_idle()
                 wanted_now = time.perf_counter()
                 if cpu is None:
@@ -2097,8 +2099,9 @@ class SmartExecutor(Executor):
                         if idle is not None and started_at[5] is not None:
                             idle_at[0] = wanted_now
                             evidence.idle_cores = (idle - started_at[5]) / wall
-                            # Each CPU's counter is whole ticks: off by up to one each.
-                            evidence.idle_error = (os.cpu_count() or 1) * IDLE_TICK_S / wall
+                            # Rounded to whole ticks: off by up to one each for
+                            # idle and I/O wait, at each end.
+                            evidence.idle_error = 2 * IDLE_TICK_S / wall
                             evidence.idle_wall_s = wall
             if evidence.ready():
                 settled = self._settle(

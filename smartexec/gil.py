@@ -255,8 +255,9 @@ def _tick_s() -> float:
 
 
 #: Seconds per tick of the idle time in ``/proc/stat`` (``USER_HZ``, 10 ms
-#: on Linux): each CPU's counter is whole ticks, so a difference of two
-#: readings is off by up to one tick per CPU.
+#: on Linux): its first line sums the CPUs' idle (and I/O wait) time and
+#: rounds it to whole ticks, so a difference of two readings is off by up
+#: to a tick each.
 IDLE_TICK_S = _tick_s()
 
 
@@ -281,22 +282,26 @@ class SchedReader:
         """Seconds the machine's CPUs spent idle since boot, summed over them, or None.
 
         The idle and I/O-wait ticks of the first line of ``/proc/stat``
-        (Linux), in whole ticks of :data:`IDLE_TICK_S` per CPU. The whole
-        machine: a competing process's CPU time is not idle, nor are this
-        process's threads'. None where that file cannot be read, and once
-        :meth:`close` was called.
+        (Linux), in whole ticks of :data:`IDLE_TICK_S`. The whole machine: a
+        competing process's CPU time is not idle, nor are this process's
+        threads'. None where that file cannot be read (then not tried
+        again), and once :meth:`close` was called.
         """
         with self._lock:
-            if self._closed:
+            if self._closed or self._stat_fd == -1:
                 return None
             try:
                 if self._stat_fd is None:
                     self._stat_fd = os.open("/proc/stat", os.O_RDONLY)
                 fields = os.pread(self._stat_fd, 256, 0).split(b"\n", 1)[0].split()
                 if fields[0] != b"cpu":
-                    return None
+                    raise ValueError(fields[0])
                 return (int(fields[4]) + int(fields[5])) * IDLE_TICK_S
             except (OSError, ValueError, IndexError):
+                if self._stat_fd is not None and self._stat_fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(self._stat_fd)
+                self._stat_fd = -1  # not here: not tried again
                 return None
 
     def read(self, native_id: int) -> tuple[float, float] | None:
@@ -336,10 +341,10 @@ class SchedReader:
             self._closed = True
             for native_id in list(self._fds):
                 self._forget(native_id)
-            if self._stat_fd is not None:
+            if self._stat_fd is not None and self._stat_fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(self._stat_fd)
-                self._stat_fd = None
+            self._stat_fd = None
 
 
 def _foreign_thread_running() -> bool:

@@ -179,6 +179,29 @@ def test_gil_holding_work_started_on_threads_is_not_read_as_waiting():
         gil.forget(python_5ms)
 
 
+def test_on_a_machine_with_no_core_to_spare_gil_holding_threads_never_read_as_releasing(
+    monkeypatch,
+):
+    # Under load, threads taking turns on the GIL queue for a CPU at each
+    # timed wake-up: the cores they wanted read as threads releasing it (a
+    # stale "releases" then stays remembered). The machine reads as having
+    # no core idle: the figure decides only "holds" or nothing.
+    from smartexec.backends import thread
+
+    monkeypatch.setattr(thread.ThreadBackend, "machine_idle_s", lambda self: 1000.0)
+    try:
+        _profiles.clear()
+        gil.remember(python_5ms, gil.GilProfile("releases", 10, 0.05, 1.0, 0.0, 100))
+        with SmartExecutor() as ex:
+            assert list(ex.map(python_5ms, range(120))) == list(range(120))
+            log = "\n".join(map(str, ex.decisions()))
+        assert "0.0 +- " in log and "of the machine's cores sat idle" in log, log
+        assert "kind: releases" not in log, log
+    finally:
+        gil.forget(python_5ms)
+        _profiles.clear()
+
+
 N_CHEAP = 200_000  # a loop of them takes ~0.1 s: a move saves well over 5 ms
 
 
