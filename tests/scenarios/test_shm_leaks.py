@@ -190,7 +190,26 @@ def test_no_segment_survives_the_parent(backend, ending):
         assert result.returncode == (3 if ending == "sys_exit" else 0), result.stderr
     assert wait_until_gone(pid) == [], result.stderr
     assert "leaked shared_memory" not in result.stderr, result.stderr
-    assert "resource_tracker" not in result.stderr, result.stderr
+    tracker = [
+        line
+        for line in result.stderr.splitlines()
+        if "resource_tracker" in line and not loky_semlock_race(line)
+    ]
+    assert tracker == [], result.stderr
+
+
+def loky_semlock_race(line: str) -> bool:
+    """Whether a resource tracker's line is loky's exit race over a semaphore of its own.
+
+    At exit loky's tracker may not yet have read that the parent dropped
+    one of loky's semaphores: it warns of a leaked ``semlock`` and finds
+    its name gone already (``FileNotFoundError``). Nothing leaked (loky
+    issues #366 and #367; CPython's #114062 is the stdlib's); a segment of
+    ours never reads so.
+    """
+    if "shared_memory" in line or _shm.PREFIX in line:
+        return False
+    return "leaked semlock objects" in line or ("/loky-" in line and "FileNotFoundError" in line)
 
 
 def test_a_killed_parent_is_cleaned_up_by_the_resource_tracker():
@@ -426,3 +445,17 @@ def test_a_killed_parent_leaves_no_busy_worker_running():
     # call on, reparented, holding the program's stdout open. The zygote now
     # kills it too once the parent is gone.
     _nothing_left_once_killed(start_python(KILLED_WHILE_BUSY))
+
+
+def test_only_lokys_semaphore_race_is_let_through():
+    assert loky_semlock_race(
+        "UserWarning: resource_tracker: There appear to be 1 leaked semlock objects"
+        " to clean up at shutdown: {'/loky-4242-abcd'}"
+    )
+    assert loky_semlock_race(
+        "UserWarning: resource_tracker: /loky-4242-abcd: FileNotFoundError(2, 'No such file')"
+    )
+    assert not loky_semlock_race(
+        "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects"
+    )
+    assert not loky_semlock_race(f"resource_tracker: /{_shm.PREFIX}4242_0: FileNotFoundError")
