@@ -2035,7 +2035,7 @@ class SmartExecutor(Executor):
         # ... and whether the machine had cores to spare meanwhile.
         machine_idle = getattr(backend, "machine_idle_s", None)
         # (time, the pool threads' CPU, time, their runnable seconds, their
-        # busy seconds) at the first result
+        # busy seconds, the machine's idle seconds) at the first result
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
         idle_at = [0.0]  # ... and of the machine's idle time

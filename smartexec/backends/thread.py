@@ -176,7 +176,7 @@ class ThreadBackend(Backend):
         """Seconds the machine's CPUs spent idle so far, summed over them, or None.
 
         See :meth:`smartexec.gil.SchedReader.idle_s` (Linux's
-        ``/proc/stat``, whole ticks of 10 ms per CPU). Read beside
+        ``/proc/stat``, in whole ticks of 10 ms). Read beside
         :meth:`threads_wanted_s`: threads that want few cores while cores
         sit idle wait for each other (the GIL); on a machine with no core
         to spare, threads that take turns on the GIL and threads that share
