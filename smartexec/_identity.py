@@ -35,6 +35,25 @@ def identity_key(fn: Any) -> Hashable:
     return ("o", id(fn))
 
 
+def _once(on_death: Callable[[], object]) -> Callable[[Any], None]:
+    """A weak-reference callback that calls ``on_death()`` the first time either reference dies."""
+    fired: list[None] = []
+
+    def callback(_ref: Any) -> None:
+        if not fired:
+            fired.append(None)
+            on_death()
+
+    return callback
+
+
+def _bound(func: Any, owner: Any) -> Any:
+    """``func`` bound to ``owner`` again, or None when either has died."""
+    if func is None or owner is None:
+        return None
+    return types.MethodType(func, owner)
+
+
 class WeakCallable:
     """A weak handle to a callable that rebuilds bound methods on demand.
 
@@ -53,16 +72,28 @@ class WeakCallable:
     __slots__ = ("_get", "weak", "__weakref__")
 
     def __init__(self, fn: Any, on_death: Callable[[], object] | None = None):
-        callback = (lambda _ref: on_death()) if on_death is not None else None
+        callback = _once(on_death) if on_death is not None else None
         self.weak = True
         if isinstance(fn, types.MethodType):
+            # Not weakref.WeakMethod: its callbacks reach the WeakMethod
+            # through a weak reference of their own, and at exit, when the
+            # function dies after its WeakMethod, CPython printed "Exception
+            # ignored in: <function WeakMethod.__new__.<locals>._cb>" for
+            # every script that had mapped a big object's method.
+            owner, func = fn.__self__, fn.__func__
             try:
-                self._get: Callable[[], Any] = weakref.WeakMethod(fn, callback)
+                owner_ref = weakref.ref(owner, callback)
             except TypeError:
                 # Bound to an object without a weak-reference slot (a
                 # ``__slots__`` class that does not list ``__weakref__``).
                 self.weak = False
-                self._get = lambda: fn
+                self._get: Callable[[], Any] = lambda: fn
+                return
+            try:
+                func_ref: Callable[[], Any] = weakref.ref(func, callback)
+            except TypeError:  # a callable object bound as a method: kept
+                func_ref = lambda: func  # noqa: E731
+            self._get = lambda: _bound(func_ref(), owner_ref())
             return
         if isinstance(fn, types.BuiltinMethodType):
             owner, name = fn.__self__, fn.__name__
