@@ -337,7 +337,10 @@ class ChunkStream:
                 raise
             if self._recover(slot, exc):
                 return
-            raise self._on_chunk_error(exc, slot.calls) from exc
+            error = self._on_chunk_error(exc, slot.calls)
+            if error is exc:
+                raise
+            raise error from exc
         done = len(result.outcomes)
         probe = self._probe
         if probe is not None:

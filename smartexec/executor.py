@@ -2527,6 +2527,8 @@ class SmartExecutor(Executor):
                 return future
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
+                if isinstance(exc, PayloadPicklingError):
+                    return exc  # explained already, by the thread that pickled it
                 if is_pickling_failure(exc):
                     return pickling_error(fn, calls, exc, backend.name)
                 return exc
