@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any
 
-from ._diagnose import is_pickling_failure, pickling_error
+from ._diagnose import explain_pickling, is_pickling_failure, pickling_error
 from ._futures import ChainedFuture
 from ._remote import Call, ChunkResult
 from .errors import PayloadPicklingError, WorkerCrashedError
@@ -217,14 +217,8 @@ class CallFuture(ChainedFuture):
         """Fail this future with ``exc``, a send that raised (a pickling failure named)."""
         self._inner = self._resend = None
         error = exc
-        if (
-            origin is not None
-            and isinstance(exc, Exception)
-            and not isinstance(exc, PayloadPicklingError)
-            and is_pickling_failure(exc)
-        ):
-            error = pickling_error(origin[0], [origin[1]], exc, origin[2])
-            error.__cause__ = exc
+        if origin is not None and isinstance(exc, Exception):
+            error = explain_pickling(origin[0], [origin[1]], exc, origin[2])
         if Future.set_running_or_notify_cancel(self):
             self.set_exception(error)
 

@@ -18,6 +18,7 @@ from .inspection import callable_name, locate_unpicklable
 
 __all__ = [
     "pickling_error",
+    "explain_pickling",
     "fail_on_pickling",
     "is_pickling_failure",
     "task_unpickling_error",
@@ -118,6 +119,24 @@ def is_pickling_failure(exc: BaseException) -> bool:
         exc = exc.__cause__  # type: ignore[assignment]
         seen += 1
     return False
+
+
+def explain_pickling(
+    fn: Any, chunk: Sequence[Call], exc: BaseException, backend: str
+) -> BaseException:
+    """``exc`` explained, where it is a pickler's error not explained yet; else ``exc`` itself.
+
+    Arguments as for :func:`pickling_error`. Returns its
+    :class:`~smartexec.errors.PayloadPicklingError`, whose ``__cause__`` is
+    ``exc``, when :func:`is_pickling_failure` recognises ``exc``; ``exc``
+    unchanged when it is a ``PayloadPicklingError`` already (the thread
+    that pickled the chunk explained it) or no pickling failure.
+    """
+    if isinstance(exc, PayloadPicklingError) or not is_pickling_failure(exc):
+        return exc
+    error = pickling_error(fn, chunk, exc, backend)
+    error.__cause__ = exc
+    return error
 
 
 def pickling_error(

@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 from . import _initializer, _profiles, _threads
 from ._call_future import CallFuture as _CallFuture
 from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
-from ._diagnose import is_pickling_failure, pickling_error
+from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
 from ._mapping import (
     PICKLE_SAMPLE,
@@ -59,7 +59,6 @@ from .backends._base import Backend
 from .errors import (
     BackendUnavailableError,
     InitializerError,
-    PayloadPicklingError,
 )
 from .gil import (
     GIL_DECIDED_S,
@@ -1497,10 +1496,7 @@ class SmartExecutor(Executor):
                 # backends never raise here; a plugin backend may).
                 if not is_pickling_failure(exc):
                     raise
-                error = exc
-                if not isinstance(exc, PayloadPicklingError):
-                    error = pickling_error(fn, [call], exc, backend.name)
-                    error.__cause__ = exc
+                error = explain_pickling(fn, [call], exc, backend.name)
                 failed: _CallFuture = _CallFuture()
                 failed.set_exception(error)
                 return failed
@@ -1616,10 +1612,7 @@ class SmartExecutor(Executor):
             except Exception as exc:
                 if not is_pickling_failure(exc):
                     raise
-                error = exc
-                if not isinstance(exc, PayloadPicklingError):
-                    error = pickling_error(fn, calls, exc, backend.name)
-                    error.__cause__ = exc
+                error = explain_pickling(fn, calls, exc, backend.name)
                 failed: Future[ChunkResult] = Future()
                 failed.set_exception(error)
                 return failed
@@ -2527,11 +2520,7 @@ class SmartExecutor(Executor):
                 return future
 
             def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
-                if isinstance(exc, PayloadPicklingError):
-                    return exc  # explained already, by the thread that pickled it
-                if is_pickling_failure(exc):
-                    return pickling_error(fn, calls, exc, backend.name)
-                return exc
+                return explain_pickling(fn, calls, exc, backend.name)
 
             stream = ChunkStream(
                 send=send,
