@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gil import GilKind, GilProfile, classify
+from .gil import IDLE_TICK_S, GilKind, GilProfile, classify
 from .inspection import format_seconds
 
 __all__ = [
@@ -154,9 +154,8 @@ class Evidence:
             A pool fed fewer chunks than it has threads (the first chunks,
             a caller kept off a CPU) has fewer threads to be runnable.
         idle_cores: over the same time, how many of the machine's cores
-            sat idle, give or take ``idle_error`` (its idle time is counted
-            in whole ticks, see :data:`~smartexec.gil.IDLE_TICK_S`) and
-            measured over ``idle_wall_s`` seconds; None where not read.
+            sat idle, give or take :attr:`idle_error`, measured over
+            ``idle_wall_s`` seconds; None where not read.
             Under :data:`SPARE_MIN_CORES`, ``wanted_cores`` decides nothing
             (see :meth:`spare_cores`).
     """
@@ -172,7 +171,6 @@ class Evidence:
     wanted_cores: float | None = None
     busy_threads: float | None = None
     idle_cores: float | None = None
-    idle_error: float = 0.0
     idle_wall_s: float = 0.0
     #: Replies left out because their CPU seconds were not read.
     unclocked: int = 0
@@ -462,6 +460,16 @@ class Evidence:
         # Between the two, with no watch seeing the GIL held: the threads'
         # first calls (imports, BLAS set-up) may be in the figure. Undecided.
         return None
+
+    @property
+    def idle_error(self) -> float:
+        """How far :attr:`idle_cores` may be off, in cores.
+
+        The machine's idle time is counted in whole ticks of
+        :data:`~smartexec.gil.IDLE_TICK_S`: its idle and I/O-wait parts are
+        each rounded once, at either end of ``idle_wall_s``.
+        """
+        return 2 * IDLE_TICK_S / self.idle_wall_s if self.idle_wall_s > 0 else 0.0
 
     def spare_cores(self) -> bool | None:
         """Whether the machine had cores to spare while the threads ran: True, False, or None (not yet known).

@@ -2031,7 +2031,6 @@ class SmartExecutor(Executor):
         # busy seconds, the machine's idle seconds) at the first result
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
-        idle_at = [0.0]  # ... and of the machine's idle time
         evidence.on_threads = backend.shares_memory and threads_cpu is not None
 
         def on_result(result: ChunkResult, calls: list[Call]) -> None:
@@ -2074,7 +2073,10 @@ class SmartExecutor(Executor):
                 idle = None
                 if machine_idle is not None and (
                     not started_at
-                    or (started_at[5] is not None and now - idle_at[0] >= IDLE_TICK_S)
+                    or (
+                        started_at[5] is not None
+                        and now - started_at[2] - evidence.idle_wall_s >= IDLE_TICK_S
+                    )
                 ):
                     idle = machine_idle()
                 wanted_now = time.perf_counter()
@@ -2090,11 +2092,7 @@ class SmartExecutor(Executor):
                         if busy is not None and started_at[4] is not None:
                             evidence.busy_threads = (busy - started_at[4]) / wall
                         if idle is not None and started_at[5] is not None:
-                            idle_at[0] = wanted_now
                             evidence.idle_cores = (idle - started_at[5]) / wall
-                            # Rounded to whole ticks: off by up to one each for
-                            # idle and I/O wait, at each end.
-                            evidence.idle_error = 2 * IDLE_TICK_S / wall
                             evidence.idle_wall_s = wall
             if evidence.ready():
                 settled = self._settle(

@@ -377,11 +377,12 @@ def test_on_threads_the_cores_wanted_are_judged_against_the_threads_that_had_chu
         # no core idle that says nothing: threads taking turns under load
         # wanted 1.4-3.4, threads releasing the GIL 2.3-4.1.
         # (Spare: the 1.1 cores used plus those idle, beyond one.)
-        (0.0, 0.1, 0.3, False, None),
-        (0.9, 0.1, 0.3, True, "holds"),  # a core sat idle: they waited for each other
+        # (Error: two ticks of 10 ms over the wall seconds.)
+        (0.0, 0.07, 0.3, False, None),
+        (0.9, 0.07, 0.3, True, "holds"),  # a core sat idle: they waited for each other
         (0.4, 0.4, 0.05, None, None),  # 50 ms of 10 ms ticks: not known yet ...
         (0.5, 0.08, IDLE_SETTLE_S, True, "holds"),  # ... known
-        (0.35, 0.1, IDLE_SETTLE_S, False, None),  # ... settled as read, after IDLE_SETTLE_S
+        (0.35, 0.08, IDLE_SETTLE_S, False, None),  # ... settled as read, after IDLE_SETTLE_S
         (None, 0.0, 0.0, True, "holds"),  # not read (no /proc/stat): as before
     ],
 )
@@ -395,7 +396,8 @@ def test_on_threads_the_cores_wanted_decide_only_while_the_machine_has_cores_to_
     found.process_cores = 1.1
     found.wanted_cores = 2.8
     found.busy_threads = 5.9
-    found.idle_cores, found.idle_error, found.idle_wall_s = idle, error, wall
+    found.idle_cores, found.idle_wall_s = idle, wall
+    assert found.idle_error == pytest.approx(error, abs=0.005)
     assert found.spare_cores() is spare
     assert found.kind == kind
     # Not known yet: taken again at later results, though MAX_SAMPLES are in.
@@ -422,7 +424,7 @@ def test_on_a_machine_with_no_core_to_spare_only_few_cores_wanted_decide(wanted,
         found.add(1, 0.01, 0.002, None)
     found.on_threads = True
     found.process_cores, found.wanted_cores, found.busy_threads = 0.9, wanted, busy
-    found.idle_cores, found.idle_error, found.idle_wall_s = 0.0, 0.1, 0.3
+    found.idle_cores, found.idle_wall_s = 0.0, 0.3
     assert found.kind == kind
 
 
@@ -432,7 +434,7 @@ def test_on_threads_a_pool_using_many_cores_releases_the_gil_whatever_the_machin
         found.add(1, 0.01, 0.004, None)
     found.on_threads = True
     found.process_cores, found.wanted_cores, found.busy_threads = 1.6, 4.5, 5.5
-    found.idle_cores, found.idle_error, found.idle_wall_s = 0.0, 0.5, 0.04
+    found.idle_cores, found.idle_wall_s = 0.0, 0.04  # give or take 0.5 cores
     assert found.kind == "releases"
     assert not found.recheck_stay()  # the idle figure, unsure yet, decides nothing here
 

@@ -180,7 +180,7 @@ class ThreadBackend(Backend):
         :meth:`threads_wanted_s`: threads that want few cores while cores
         sit idle wait for each other (the GIL); on a machine with no core
         to spare, threads that take turns on the GIL and threads that share
-        the few cores left to them read alike.
+        the few cores left to them read alike. Never raises.
         """
         return self._sched.idle_s()
 
