@@ -209,6 +209,8 @@ def loky_semlock_race(line: str) -> bool:
     """
     if "shared_memory" in line or _shm.PREFIX in line:
         return False
+    if line.strip() == "warnings.warn('resource_tracker: %s: %r' % (name, e))":
+        return True  # the source line Python prints under that warning
     return "leaked semlock objects" in line or ("/loky-" in line and "FileNotFoundError" in line)
 
 
@@ -458,4 +460,5 @@ def test_only_lokys_semaphore_race_is_let_through():
     assert not loky_semlock_race(
         "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects"
     )
+    assert loky_semlock_race("    warnings.warn('resource_tracker: %s: %r' % (name, e))")
     assert not loky_semlock_race(f"resource_tracker: /{_shm.PREFIX}4242_0: FileNotFoundError")
