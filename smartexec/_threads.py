@@ -53,6 +53,7 @@ __all__ = [
     "census",
     "forget_inherited_pools",
     "fork_warning_checked",
+    "foreign_thread_ids",
     "running_user_code",
     "user_code_ends",
     "user_code_starts",
@@ -88,6 +89,21 @@ def user_code_ends(ident: int) -> None:
         _USER_CODE[ident] = left
     else:
         _USER_CODE.pop(ident, None)
+
+
+def foreign_thread_ids() -> list[int]:
+    """Native ids of this process's threads that Python does not know (a BLAS or OpenMP pool's).
+
+    Read from ``/proc/self/task`` (~5 us), less :func:`threading.enumerate`.
+    A thread Python has just joined may still be listed for a moment while
+    the system ends it. Empty where ``/proc`` cannot be read (not Linux).
+    """
+    known = {t.native_id for t in threading.enumerate()}
+    try:
+        names = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    return [int(name) for name in names if name.isdigit() and int(name) not in known]
 
 
 @contextlib.contextmanager

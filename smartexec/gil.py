@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._identity import WeakCallable, identity_key
-from ._threads import running_user_code
+from ._threads import foreign_thread_ids, running_user_code
 
 __all__ = [
     "GilKind",
@@ -358,18 +358,7 @@ def _foreign_thread_running() -> bool:
     each thread not in :func:`threading.enumerate`; about 10 us a thread.
     False where ``/proc`` cannot be read (not Linux).
     """
-    known = {t.native_id for t in threading.enumerate()}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return False
-    for name in tids:
-        try:
-            tid = int(name)
-        except ValueError:
-            continue
-        if tid in known:
-            continue
+    for tid in foreign_thread_ids():
         try:
             with open(f"/proc/self/task/{tid}/stat", "rb") as f:
                 stat = f.read()

@@ -389,3 +389,33 @@ def test_no_fork_while_this_process_runs_the_users_code_on_smartexecs_threads():
             assert ex.explain(compute_under_lock).backend != "fork"
         io.shutdown(cancel_futures=True)
     assert all(f.cancelled() or f.result() == i for i, f in enumerate(busy))
+
+
+FOREIGN = """
+    import numpy as np
+    from threadpoolctl import threadpool_info
+    from smartexec._threads import foreign_thread_ids
+
+    a = np.ones((400, 400))
+    (a @ a).sum()  # OpenBLAS runs its threads (from its load on), which Python does not know
+    blas = max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1)
+    print(len(foreign_thread_ids()) if blas > 1 else "one thread")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
+def test_foreign_thread_ids_are_the_threads_python_does_not_know():
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert thread.native_id not in _threads.foreign_thread_ids()
+    finally:
+        stop.set()
+        thread.join()
+    result = _children.run_python(FOREIGN, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.strip()
+    if out == "one thread":
+        pytest.skip("BLAS runs one thread here: it starts none")
+    assert int(out) >= 1, out

@@ -1,6 +1,6 @@
 """The fork backend: worker processes forked from the caller, with trampolines.
 
-Data flow (one *pool* = one generation of workers, all forked together)::
+Data flow (one *pool* = one generation of workers, forked from one snapshot)::
 
     submit_chunk ──pickle──> queue ──dispatcher thread──> worker i (own pipe)
          │                                  ▲                    │
@@ -30,6 +30,8 @@ Data flow (one *pool* = one generation of workers, all forked together)::
   sender thread (:mod:`smartexec._sender`), in order. A payload that cannot
   be pickled fails the chunk's future (naming the part that failed); the
   dispatcher starts tasks in queue order once they are pickled.
+* A pool starts with one worker and forks more, up to ``max_workers``, when
+  chunks wait behind busy workers (see :data:`GROW_WORK_S`).
 * Workers ignore SIGINT (the parent decides what Ctrl-C stops) and exit on
   their own within :data:`PARENT_CHECK_S` seconds if the parent dies.
 """
@@ -60,7 +62,13 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from .. import _fingerprint, _initializer, _threads, trampoline, transport
-from .._blas import cap_in_this_process, controller_for_fork, thread_env, threads_per_worker
+from .._blas import (
+    built_controller,
+    cap_in_this_process,
+    controller_for_fork,
+    thread_env,
+    threads_per_worker,
+)
 from .._diagnose import (
     fail_on_pickling,
     reply_unpickling_error,
@@ -129,6 +137,17 @@ _QUIESCE_LOCK = threading.RLock()
 #: starts the pool's dispatcher (forking each costs the parent about a
 #: millisecond per 100 MB mapped, on the way to everything else it does).
 DIRECT_WORKERS = 1
+
+#: A new pool forks one worker; it forks another (up to ``max_workers``) when
+#: chunks wait while every worker is busy, and either the chunks that wait
+#: hold at least GROW_WORK_S seconds of work per worker (judged from the
+#: compute time of the pool's finished chunks), or every worker has been on
+#: its chunk for GROW_BLIND_S seconds (no figure yet, or a chunk that waits
+#: on another). A map of 1,000 one-microsecond calls of a 200 MB object's
+#: method ran on the first worker alone before the second was up; forking
+#: that second worker, and its exit, cost 3.4 ms of its 19 ms. Seconds.
+GROW_WORK_S = 0.005
+GROW_BLIND_S = 0.002
 
 #: Largest request sent to a worker before the zygote has reported its fork
 #: (a pipe holds 64 KiB on Linux; a bigger write would block the dispatcher).
@@ -211,10 +230,18 @@ def _worker_main(
     initializer: Callable[..., Any] | None = None,
     initargs: tuple[Any, ...] = (),
     ctl: socket.socket | None = None,
+    blas_cap: int | None = None,
 ) -> None:
     """Worker loop (runs in the forked child): receive a chunk, run it, reply.
 
-    Its BLAS thread cap comes from the zygote (see :func:`_zygote_main`).
+    Its BLAS thread cap comes from the zygote (see :func:`_zygote_main`)
+    or from the parent that forked it, which limited its own pools for the
+    fork. Or, with ``blas_cap``, it caps them itself at that many threads,
+    after the first chunk during which a thread pool of a native library
+    started (see :func:`_native_threads_run`): capping OpenBLAS after a fork
+    starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
+    never calls it never caps it. A process's first fork pool forks its
+    first worker so (see :func:`_blas_table`).
 
     ``parent_pid`` is the zygote's (the worker exits when it is gone);
     ``owner_pid`` the executor's process, which owns the shared-memory
@@ -266,6 +293,47 @@ def _worker_main(
             conn.send_bytes(payload)
         except OSError:
             return
+        if blas_cap is not None and _native_threads_run():
+            cap_in_this_process(blas_cap)  # their pool runs: no new threads start
+            blas_cap = None
+
+
+def _native_threads_run() -> bool:
+    """Whether threads that Python does not know (a BLAS or OpenMP pool's) run in this process.
+
+    ~5 us when none does. Otherwise read again 1 ms later, and only the
+    threads listed both times count: a thread Python has just joined (the
+    GIL watch's, after a chunk) may still be listed the first time.
+    """
+    first = _threads.foreign_thread_ids()
+    if not first:
+        return False
+    time.sleep(0.001)
+    return bool(set(first) & set(_threads.foreign_thread_ids()))
+
+
+def _blas_table() -> Any | None:
+    """This process's threadpoolctl table for a new pool's forks, or None: it goes without.
+
+    Importing threadpoolctl and scanning the loaded libraries costs 4-5 ms,
+    on the way to the first result of a script that maps once: a
+    process's first pool does not wait for it (unless it was built for
+    another reason). Its first worker then caps its pools itself once it
+    has started them (``blas_cap`` of :func:`_worker_main`), and its
+    zygote caps its own before it forks a worker. Later pools build the
+    table here, once for the process (see
+    :func:`~smartexec._blas.controller_for_fork`), so that every worker
+    starts capped.
+    """
+    global _FIRST_POOL_STARTED
+    if not _FIRST_POOL_STARTED:
+        _FIRST_POOL_STARTED = True
+        return built_controller()
+    return controller_for_fork()
+
+
+#: Set once this process has started a fork pool (see _blas_table).
+_FIRST_POOL_STARTED = False
 
 
 def _zygote_main(
@@ -308,12 +376,12 @@ def _zygote_main(
     itself and of those in ``prefork`` (see :class:`_ForkPool`), closed here
     at once.
 
-    ``prefork``: ``(ident, fd)`` of the pool's first workers, forked here at
-    once, before the first message is read, as if ``S<ident>`` had come with
-    ``fd`` (inherited by this process's fork, not sent): a new pool's workers
-    then start while the parent goes on to start its dispatcher, rather than
-    after a request that follows the zygote's start (about 10 ms later on a
-    2-core machine, the second worker of a fresh pool).
+    ``prefork``: ``(ident, fd)`` of the pool's first worker (when the parent
+    did not fork it itself), forked here at once, before the first message
+    is read, as if ``S<ident>`` had come with ``fd`` (inherited by this
+    process's fork, not sent): it starts while the parent goes on to start
+    its dispatcher, rather than after a request that follows the zygote's
+    start (about 10 ms later on a 2-core machine).
 
     On ``Q``, on end-of-file, or once the parent is gone (checked every
     :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
@@ -566,7 +634,18 @@ class _Task:
 
 
 class _Worker:
-    __slots__ = ("ident", "conn", "pid", "task", "deadline", "lost", "calls", "doomed", "pidfd")
+    __slots__ = (
+        "ident",
+        "conn",
+        "pid",
+        "task",
+        "deadline",
+        "lost",
+        "calls",
+        "doomed",
+        "pidfd",
+        "since",
+    )
 
     def __init__(self, ident: int, conn: Any):
         self.ident = ident
@@ -581,6 +660,8 @@ class _Worker:
         #: Forked by this process itself (not the zygote): a pidfd, readable once
         #: it has exited; this process reaps it. None for the zygote's workers.
         self.pidfd: int | None = None
+        #: time.monotonic() when its chunk was sent (see _ForkPool._grow).
+        self.since = 0.0
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
         if self.pid is None:
@@ -598,7 +679,7 @@ class _ForkPool:
     """One generation of fork workers sharing one inherited table.
 
     Args:
-        max_workers: workers to fork.
+        max_workers: workers to fork at most (one at first, see :meth:`_grow`).
         live_objects: returns token -> object for every shared callable still
             alive; called (under the backend's lock) before each fork.
         blas_threads: BLAS threads per worker.
@@ -681,7 +762,7 @@ class _ForkPool:
         self.forked_directly = False
         #: Whether ``first`` went straight to the first worker (else: queue it).
         self.took_first = False
-        blas = controller_for_fork()
+        blas = _blas_table()
         pending: list[tuple[int, Any, Any]] = []  # (ident, our end, the worker's end)
         try:
             with _quiesced(), trampoline.forking(objects), _threads.fork_warning_checked():
@@ -689,7 +770,7 @@ class _ForkPool:
                     self.forked_directly = True
                     self._fork_directly(DIRECT_WORKERS, blas_threads, blas, zygote_end, first)
                 # The zygote forks the others as soon as it starts (prefork).
-                for _ in range(max_workers - len(self._workers)):
+                if not self._workers:
                     pending.append((next(self._idents), *self._ctx.Pipe(duplex=True)))
                 self._zygote = self._ctx.Process(
                     target=_zygote_main,
@@ -730,6 +811,12 @@ class _ForkPool:
             theirs.close()  # the zygote holds it now
             self._workers.append(_Worker(ident, ours))
         del pending
+        self._max_workers = max(1, max_workers)
+        #: Compute seconds and count of the chunks finished here (see _grow).
+        self._work_s = 0.0
+        self._chunks_done = 0
+        #: When the dispatcher first ran: a chunk's wait for it is not its work.
+        self._dispatching_since: float | None = None
         self._thread = threading.Thread(
             target=self._run, name="smartexec-fork-dispatcher", daemon=True
         )
@@ -921,24 +1008,31 @@ class _ForkPool:
         """Fork ``count`` workers from this process (the caller's thread, no other running).
 
         They are capped at ``blas_threads`` BLAS threads by inheritance: the
-        loaded pools are limited here for the length of the forks (capping
-        in a worker would start its OpenBLAS pool, ~50 ms of spinning CPU).
-        Restoring this process's limits starts its OpenBLAS pool again; the
-        zygote's fork, next, stops it (OpenBLAS shuts its pool down before a
-        fork), as the zygote's fork alone did before.
+        loaded pools are limited here, through ``blas`` (threadpoolctl's
+        table, see :func:`_blas_table`), for the length of the forks
+        (capping in a worker would start its OpenBLAS pool, ~50 ms of
+        spinning CPU). Restoring this process's limits starts its OpenBLAS
+        pool again; the zygote's fork, next, stops it (OpenBLAS shuts its
+        pool down before a fork), as the zygote's fork alone did before.
+        Without ``blas``, each caps its pools itself once it has started
+        them.
         """
         limiter = blas.limit(limits=blas_threads) if blas is not None else None
         try:
             for _ in range(count):
-                self._workers.append(self._fork_worker(blas_threads, zygote_end))
+                self._workers.append(self._fork_worker(blas_threads, zygote_end, blas is None))
                 if first is not None and not self.took_first:
                     self.took_first = self._hand_over(self._workers[0], first)
         finally:
             if limiter is not None:
                 limiter.restore_original_limits()
 
-    def _fork_worker(self, blas_threads: int, zygote_end: socket.socket) -> _Worker:
-        """Fork one worker from this process; it is this process's child, reaped here."""
+    def _fork_worker(self, blas_threads: int, zygote_end: socket.socket, lazy: bool) -> _Worker:
+        """Fork one worker from this process; it is this process's child, reaped here.
+
+        ``lazy``: it caps its BLAS pools itself, once it has started them
+        (``blas_cap`` of :func:`_worker_main`); else they come capped.
+        """
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         siblings = [w.conn for w in self._workers]
         owner = os.getpid()
@@ -955,7 +1049,7 @@ class _ForkPool:
                 zygote_end.close()
                 _as_multiprocessing_child()
                 os.environ.update(thread_env(blas_threads))  # libraries loaded later
-                _worker_main(child_conn, owner, owner)
+                _worker_main(child_conn, owner, owner, blas_cap=blas_threads if lazy else None)
             except BaseException:
                 code = 1
             finally:
@@ -983,6 +1077,7 @@ class _ForkPool:
             return True  # cancelled already: nothing to run (wait() was told)
         worker.task = task
         worker.calls += task.items
+        worker.since = time.monotonic()
         try:
             worker.conn.send_bytes(payload)
         except OSError:
@@ -1155,6 +1250,7 @@ class _ForkPool:
                 ):
                     self._closing = True  # a retired pool stops as a shut-down one
                     return
+            grow_in = self._grow()
             # Every live worker's pipe: a reply, or EOF when it dies.
             conns = [w.conn for w in self._workers if not w.lost]
             pidfds = {w.pidfd: w for w in self._workers if w.pidfd is not None}
@@ -1165,6 +1261,8 @@ class _ForkPool:
                 if not deadlines
                 else min(MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
             )
+            if grow_in is not None:
+                wait_s = grow_in if wait_s is None else min(wait_s, grow_in)
             ready = set(self._poller.wait([self._wake_r, self._ctl, *conns, *pidfds], wait_s))
             if self._wake_r in ready:
                 os.read(self._wake_r, 65536)
@@ -1343,6 +1441,7 @@ class _ForkPool:
                 continue
             worker.calls += task.items
             worker.task = task
+            worker.since = time.monotonic()
             try:
                 worker.conn.send_bytes(task.payload)
             except OSError:
@@ -1352,6 +1451,36 @@ class _ForkPool:
             task.payload, task.sent = None, True
             if task.timeout_s is not None:
                 worker.deadline = time.monotonic() + task.timeout_s
+
+    def _grow(self) -> float | None:
+        """Fork more workers if chunks wait behind busy ones (see GROW_WORK_S); dispatcher only.
+
+        Returns the seconds until the rule should be looked at again while
+        chunks wait (a worker's chunk may reach GROW_BLIND_S by then), or
+        None.
+        """
+        now = time.monotonic()
+        if self._dispatching_since is None:
+            self._dispatching_since = now
+        if self._forced:
+            return None
+        live = [w for w in self._workers if not w.lost]
+        room = self._max_workers - len(live)
+        if not live or room <= 0 or any(w.task is None for w in live):
+            # None left (a dead worker's replacement comes from _bury), full,
+            # or one is idle (or about to be: its fork is on its way).
+            return None
+        waiting = len(self._queue) + len(self._unsent)
+        if not waiting:
+            return None
+        # The youngest chunk running: every worker has been busy that long.
+        busy_s = now - max(max(w.since for w in live), self._dispatching_since)
+        work_s = self._work_s / self._chunks_done if self._chunks_done else 0.0
+        if busy_s < GROW_BLIND_S and waiting * work_s < GROW_WORK_S * len(live):
+            return GROW_BLIND_S - busy_s
+        for _ in range(min(room, waiting)):
+            self._workers.append(self._spawn())
+        return None
 
     def _take_reply(self, worker: _Worker) -> tuple[_Task, bytes] | None:
         """Read ``worker``'s reply and free the worker; the chunk and its reply, or None.
@@ -1377,6 +1506,10 @@ class _ForkPool:
             task.future.set_exception(reply_unpickling_error(task.name, exc, "fork"))
         else:
             if status == "ok":
+                compute_s = getattr(value, "compute_s", None)
+                if isinstance(compute_s, float):
+                    self._work_s += compute_s
+                    self._chunks_done += 1
                 task.future.set_result(value)
             else:  # the worker could not unpickle the request
                 task.future.set_exception(task_unpickling_error(task.name, value, "fork"))

@@ -128,26 +128,66 @@ def test_with_a_user_thread_running_the_zygote_forks_the_workers(user_thread):
         backend.shutdown()
 
 
+def counting_spawns(monkeypatch):
+    """Count the workers a pool asks its zygote for; returns the list that grows."""
+    asked = []
+    spawn = fork._ForkPool._spawn
+
+    def counted(self):
+        asked.append(1)
+        return spawn(self)
+
+    monkeypatch.setattr(fork._ForkPool, "_spawn", counted)
+    return asked
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["alone", "user-thread"])
-def test_a_new_pool_s_workers_are_forked_by_the_zygote_unasked(monkeypatch, request, direct):
-    # The zygote forks a new pool's workers as it starts (their pipes are
-    # inherited), not when a request that follows its start reaches it: they
-    # start while this process goes on to start the dispatcher.
+def test_a_new_pool_forks_more_workers_once_chunks_wait_behind_busy_ones(
+    monkeypatch, request, direct
+):
+    # One worker at first (forked here, or by the zygote as it starts); the
+    # others once chunks wait while every worker has been busy GROW_BLIND_S.
     if direct:
         monkeypatch.setattr(fork, "_may_fork_directly", lambda initializer: True)
     else:
         request.getfixturevalue("user_thread")
-
-    def no_request(self):
-        raise AssertionError("a new pool asked its zygote for a worker")
-
-    monkeypatch.setattr(fork._ForkPool, "_spawn", no_request)
+    asked = counting_spawns(monkeypatch)
     backend = fork.ForkBackend(3, 2)
     try:
         futures = [backend.submit_chunk(nap, [((1.0,), {})]) for _ in range(3)]
         pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
-        assert len(pids) == 3 and os.getpid() not in pids
+        assert len(pids) == 3 and os.getpid() not in pids  # all three ran at once
         assert backend._pool is not None and backend._pool.forked_directly is direct
+        assert len(asked) == 2
+    finally:
+        backend.shutdown()
+
+
+def test_quick_chunks_keep_a_new_pool_at_one_worker(monkeypatch):
+    # 40 chunks of microseconds queued at once: the work that waits is far
+    # under GROW_WORK_S, and no chunk keeps the worker busy (the blind rule is
+    # put out of reach here: a busy machine may stall a worker for ms).
+    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
+    asked = counting_spawns(monkeypatch)
+    backend = fork.ForkBackend(2, 2)
+    try:
+        futures = [backend.submit_chunk(getpid, [((), {})]) for _ in range(40)]
+        pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
+        assert len(pids) == 1 and not asked
+    finally:
+        backend.shutdown()
+
+
+def test_measured_work_that_waits_forks_more_workers(monkeypatch):
+    # The blind rule out of reach: once a 50 ms chunk has finished, the nine
+    # that wait hold ~0.45 s of work, over GROW_WORK_S: a second worker.
+    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
+    asked = counting_spawns(monkeypatch)
+    backend = fork.ForkBackend(2, 2)
+    try:
+        futures = [backend.submit_chunk(nap, [((0.05,), {})]) for _ in range(10)]
+        pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
+        assert len(pids) == 2 and len(asked) == 1
     finally:
         backend.shutdown()
 
@@ -160,8 +200,9 @@ DIRECT = """
     from threadpoolctl import threadpool_info
     from smartexec.backends import fork
     from smartexec.errors import WorkerCrashedError
+    from smartexec import _blas
     from tests.backends.test_fork import blas_thread_counts
-    from tests.backends.test_fork_start import parent_pid, crash
+    from tests.backends.test_fork_start import parent_pid, crash, nap, use_blas
 
     (np.ones((64, 64)) @ np.ones((64, 64))).sum()  # this process's BLAS pool runs
     limits = [lib["num_threads"] for lib in threadpool_info()]
@@ -170,12 +211,30 @@ DIRECT = """
     first = backend.submit_chunk(parent_pid, chunk).result(timeout=20).outcomes[0][1]
     pool = backend._pool
     assert pool.forked_directly and pool.took_first and first == os.getpid(), first
-    # One worker forked here (it took the first chunk), the other by the zygote.
+    # This process's first pool: no threadpoolctl table was built for it here.
+    assert _blas._controller is None
+    assert [lib["num_threads"] for lib in threadpool_info()] == limits  # untouched here
+    # Two chunks at once: the second waits behind the first, so the zygote
+    # forks a second worker. One worker was forked here, the other there.
+    both = [((0.3,), {})]
+    futures = [backend.submit_chunk(nap, both) for _ in range(2)]
+    assert len({future.result(timeout=20).outcomes[0][1] for future in futures}) == 2
     assert [w.pidfd is not None for w in pool._workers] == [True, False]
+    for check in (False, True):  # both capped once their BLAS ran: 2 CPUs, 2 workers: 1 each
+        futures = [backend.submit_chunk(use_blas, both) for _ in range(2)]
+        pids, caps = set(), []
+        for future in futures:
+            pid, counts = future.result(timeout=20).outcomes[0][1]
+            pids.add(pid)
+            caps += counts
+        assert len(pids) == 2 and (not check or max(caps) <= 1), caps
+    backend.shutdown()
+
+    # A later pool starts capped: its table is built here, once.
+    backend = fork.ForkBackend(2, 2)
+    caps = backend.submit_chunk(blas_thread_counts, chunk).result(timeout=20).outcomes[0][1]
+    assert _blas._controller is not None and caps and max(caps) <= 1, caps
     assert [lib["num_threads"] for lib in threadpool_info()] == limits  # restored here
-    for _ in range(4):  # both workers capped: 2 CPUs, 2 workers: one BLAS thread each
-        caps = backend.submit_chunk(blas_thread_counts, chunk).result(timeout=20).outcomes[0][1]
-        assert caps and max(caps) <= 1, caps
     backend.shutdown()
 
     backend = fork.ForkBackend(1, 2)
@@ -204,6 +263,23 @@ DIRECT = """
 
 def crash():
     os._exit(3)
+
+
+def use_blas(seconds):
+    """A product big enough for OpenBLAS to start its threads, then a nap; the pid and BLAS counts.
+
+    The counts are read before the product: a worker that caps its pools
+    once it has started them (see ``_worker_main``) does so after the chunk.
+    """
+    import numpy as np
+
+    from tests.backends.test_fork import blas_thread_counts
+
+    counts = blas_thread_counts()
+    a = np.ones((400, 400))
+    (a @ a).sum()
+    time.sleep(seconds)
+    return os.getpid(), counts
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="direct forks need os.pidfd_open")
