@@ -94,11 +94,15 @@ def user_code_ends(ident: int) -> None:
 def foreign_thread_ids() -> list[int]:
     """Native ids of this process's threads that Python does not know (a BLAS or OpenMP pool's).
 
-    Read from ``/proc/self/task`` (~5 us), less :func:`threading.enumerate`.
-    A thread Python has just joined may still be listed for a moment while
-    the system ends it. Empty where ``/proc`` cannot be read (not Linux).
+    Read from ``/proc/self/task`` (~5 us), less :func:`threading.enumerate`
+    and the calling thread, by its id read now: after ``os.fork()`` the
+    thread's ``native_id`` is still its parent's (Python 3.10-3.13), and a
+    fork worker counted its own thread as one Python did not know. A thread
+    Python has just joined may still be listed for a moment while the
+    system ends it. Empty where ``/proc`` cannot be read (not Linux).
     """
     known = {t.native_id for t in threading.enumerate()}
+    known.add(threading.get_native_id())
     try:
         names = os.listdir("/proc/self/task")
     except OSError:

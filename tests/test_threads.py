@@ -391,6 +391,18 @@ def test_no_fork_while_this_process_runs_the_users_code_on_smartexecs_threads():
     assert all(f.cancelled() or f.result() == i for i, f in enumerate(busy))
 
 
+IN_A_FORK_CHILD = """
+    import os
+    from smartexec._threads import foreign_thread_ids
+
+    pid = os.fork()
+    if pid == 0:
+        print(foreign_thread_ids(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
 FOREIGN = """
     import numpy as np
     from threadpoolctl import threadpool_info
@@ -413,6 +425,9 @@ def test_foreign_thread_ids_are_the_threads_python_does_not_know():
     finally:
         stop.set()
         thread.join()
+    # In a fork child, its own thread's native_id is still the parent's.
+    result = _children.run_python(IN_A_FORK_CHILD, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
     result = _children.run_python(FOREIGN, timeout=60)
     assert result.returncode == 0, result.stderr
     out = result.stdout.strip()

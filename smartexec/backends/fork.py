@@ -645,6 +645,7 @@ class _Worker:
         "doomed",
         "pidfd",
         "since",
+        "grown",
     )
 
     def __init__(self, ident: int, conn: Any):
@@ -662,6 +663,9 @@ class _Worker:
         self.pidfd: int | None = None
         #: time.monotonic() when its chunk was sent (see _ForkPool._grow).
         self.since = 0.0
+        #: Asked for because chunks waited (see _ForkPool._grow): it takes
+        #: none before its fork is reported (the busy ones may free first).
+        self.grown = False
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
         if self.pid is None:
@@ -1416,7 +1420,7 @@ class _ForkPool:
         if self._forced:
             return  # terminate_workers() / kill_workers(): nothing more starts
         for worker in self._workers:
-            if worker.task is not None or worker.lost:
+            if worker.task is not None or worker.lost or (worker.grown and worker.pid is None):
                 continue
             if self._max_tasks is not None and worker.calls >= self._max_tasks:
                 self._retire(worker)  # done its share: go now, freeing its memory
@@ -1470,6 +1474,8 @@ class _ForkPool:
             # None left (a dead worker's replacement comes from _bury), full,
             # or one is idle (or about to be: its fork is on its way).
             return None
+        if any(w.grown and w.pid is None for w in live):
+            return None  # one asked for is not up yet
         waiting = len(self._queue) + len(self._unsent)
         if not waiting:
             return None
@@ -1478,8 +1484,14 @@ class _ForkPool:
         work_s = self._work_s / self._chunks_done if self._chunks_done else 0.0
         if busy_s < GROW_BLIND_S and waiting * work_s < GROW_WORK_S * len(live):
             return GROW_BLIND_S - busy_s
+        if wait_for([w.conn for w in live], 0):
+            # A reply is in, not read yet (this thread waited for the GIL
+            # while the caller sent chunks): that worker is free, not busy.
+            return None
         for _ in range(min(room, waiting)):
-            self._workers.append(self._spawn())
+            worker = self._spawn()
+            worker.grown = True
+            self._workers.append(worker)
         return None
 
     def _take_reply(self, worker: _Worker) -> tuple[_Task, bytes] | None:

@@ -265,6 +265,41 @@ def crash():
     os._exit(3)
 
 
+def threadpoolctl_loaded():
+    import sys
+
+    return "threadpoolctl" in sys.modules
+
+
+FIRST_POOL = """
+    import numpy as np
+    from smartexec.backends import fork
+    from tests.backends.test_fork import threads_in_this_process
+    from tests.backends.test_fork_start import threadpoolctl_loaded
+
+    (np.ones((64, 64)) @ np.ones((64, 64))).sum()  # this process's BLAS pool runs
+    backend = fork.ForkBackend(2, 2)
+    chunk = [((), {})]
+    for _ in range(4):  # one thread: no BLAS pool started, nor a cap that would start it
+        threads = backend.submit_chunk(threads_in_this_process, chunk).result(timeout=20)
+        assert threads.outcomes[0][1] == 1, threads
+    assert not backend.submit_chunk(threadpoolctl_loaded, chunk).result(timeout=20).outcomes[0][1]
+    assert not threadpoolctl_loaded()  # nor here: no table was built for the pool
+    backend.shutdown()
+    print("ok")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="direct forks need os.pidfd_open")
+def test_a_first_pool_s_worker_that_runs_no_blas_never_caps_it():
+    # Capping OpenBLAS in a fork child starts its pool, whose threads spin:
+    # a worker forked uncapped caps only a pool it has started. After a fork
+    # its own thread's native_id is still the parent's: it read as a thread
+    # Python does not know, and every first worker capped after one chunk.
+    result = run_python(FIRST_POOL, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
 def use_blas(seconds):
     """A product big enough for OpenBLAS to start its threads, then a nap; the pid and BLAS counts.
 
