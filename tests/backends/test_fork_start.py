@@ -163,31 +163,22 @@ def test_a_new_pool_forks_more_workers_once_chunks_wait_behind_busy_ones(
         backend.shutdown()
 
 
-def test_quick_chunks_keep_a_new_pool_at_one_worker(monkeypatch):
-    # 40 chunks of microseconds queued at once: the work that waits is far
-    # under GROW_WORK_S, and no chunk keeps the worker busy (the blind rule is
-    # put out of reach here: a busy machine may stall a worker for ms).
+@pytest.mark.parametrize(
+    "fn, args, workers",
+    [(getpid, (), 1), (nap, (0.05,), 2)],
+    ids=["microseconds-stay-on-one", "measured-work-forks-another"],
+)
+def test_a_pool_grows_by_the_measured_work_that_waits(monkeypatch, fn, args, workers):
+    # The blind rule is put out of reach (a busy machine may stall a worker
+    # for ms). Forty chunks of microseconds hold far under GROW_WORK_S of
+    # work; once a 50 ms chunk has finished, the 39 that wait hold ~2 s.
     monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
     asked = counting_spawns(monkeypatch)
     backend = fork.ForkBackend(2, 2)
     try:
-        futures = [backend.submit_chunk(getpid, [((), {})]) for _ in range(40)]
-        pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
-        assert len(pids) == 1 and not asked
-    finally:
-        backend.shutdown()
-
-
-def test_measured_work_that_waits_forks_more_workers(monkeypatch):
-    # The blind rule out of reach: once a 50 ms chunk has finished, the nine
-    # that wait hold ~0.45 s of work, over GROW_WORK_S: a second worker.
-    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
-    asked = counting_spawns(monkeypatch)
-    backend = fork.ForkBackend(2, 2)
-    try:
-        futures = [backend.submit_chunk(nap, [((0.05,), {})]) for _ in range(10)]
-        pids = {future.result(timeout=20).outcomes[0][1] for future in futures}
-        assert len(pids) == 2 and len(asked) == 1
+        futures = [backend.submit_chunk(fn, [(args, {})]) for _ in range(40)]
+        pids = {future.result(timeout=30).outcomes[0][1] for future in futures}
+        assert len(pids) == workers and len(asked) == workers - 1
     finally:
         backend.shutdown()
 
