@@ -921,7 +921,10 @@ class _ForkPool:
             if cancel_futures:
                 # Tasks an idle worker is about to take are as good as started
                 # (the stdlib keeps max_workers + 1 queued): cancel the rest.
+                # Workers not forked yet count as idle (see _grow): they
+                # would be, for these tasks.
                 idle = sum(1 for w in self._workers if w.task is None)
+                idle += max(0, self._max_workers - len(self._workers))
                 while len(self._queue) > idle:
                     cancelled.append(self._queue.pop())
         for task in cancelled:
@@ -1469,7 +1472,8 @@ class _ForkPool:
         if self._forced:
             return None
         live = [w for w in self._workers if not w.lost]
-        room = self._max_workers - len(live)
+        # A lost worker counts until _bury forks its replacement (or not).
+        room = self._max_workers - len(self._workers)
         if not live or room <= 0 or any(w.task is None for w in live):
             # None left (a dead worker's replacement comes from _bury), full,
             # or one is idle (or about to be: its fork is on its way).

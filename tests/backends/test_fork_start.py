@@ -350,3 +350,59 @@ def test_no_direct_fork_with_an_initializer_or_without_pidfds(monkeypatch):
     assert not fork._may_fork_directly(print)
     monkeypatch.delattr(os, "pidfd_open", raising=False)
     assert not fork._may_fork_directly(None)
+
+
+def span(seconds):
+    """Sleep; the pid and the span, on the machine's monotonic clock (shared by processes)."""
+    start = time.monotonic()
+    time.sleep(seconds)
+    return os.getpid(), start, time.monotonic()
+
+
+def crash_after(seconds):
+    time.sleep(seconds)
+    os._exit(1)
+
+
+def most_at_once(spans):
+    edges = sorted([(start, 1) for _, start, _ in spans] + [(end, -1) for _, _, end in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.parametrize("how", ["max_tasks_per_child", "crashes"])
+def test_a_growing_pool_never_runs_more_than_max_workers(how):
+    # A worker that exited (its share run, or crashed) and was not yet
+    # replaced left room to grow into, and its replacement came on top: up
+    # to 8 chunks ran at once with max_workers=2 (an adversarial pass).
+    from smartexec import SmartExecutor
+
+    options = {"max_tasks_per_child": 1} if how == "max_tasks_per_child" else {}
+    with SmartExecutor(2, backend="fork", **options) as ex:
+        futures = [
+            ex.submit(crash_after, 0.02)
+            if how == "crashes" and i % 4 == 0
+            else ex.submit(span, 0.05)
+            for i in range(40)
+        ]
+        spans = []
+        for future in futures:
+            try:
+                spans.append(future.result(timeout=30))
+            except Exception:
+                pass
+    assert spans and most_at_once(spans) <= 2
+
+
+def test_cancel_futures_keeps_a_chunk_for_each_worker_not_forked_yet():
+    # The stdlib keeps the tasks its workers are about to take; workers a
+    # growing pool has not forked yet would be idle for them, as forked ones
+    # were (one of 8 ran, against 4 before pools grew on demand).
+    backend = fork.ForkBackend(4, 2)
+    futures = [backend.submit_chunk(nap, [((0.2,), {})]) for _ in range(8)]
+    backend.shutdown(wait=True, cancel_futures=True)
+    assert sum(f.cancelled() for f in futures) == 4
+    assert all(f.result(timeout=20) for f in futures if not f.cancelled())
