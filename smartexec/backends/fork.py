@@ -141,12 +141,14 @@ DIRECT_WORKERS = 1
 #: A new pool forks one worker; it forks another (up to ``max_workers``) when
 #: chunks wait while every worker is busy, and either the chunks that wait
 #: hold at least GROW_WORK_S seconds of work per worker (judged from the
-#: compute time of the pool's finished chunks), or every worker has been on
-#: its chunk for GROW_BLIND_S seconds (no figure yet, or a chunk that waits
-#: on another). A map of 1,000 one-microsecond calls of a 200 MB object's
+#: compute time of the pool's finished chunks), or chunks have waited so,
+#: without a break, for GROW_BACKLOG_S seconds (a map's chunks come a window
+#: at a time), or every worker has been on its chunk for GROW_BLIND_S seconds
+#: (no figure yet, or a chunk that waits on another). A map of 1,000 one-microsecond calls of a 200 MB object's
 #: method ran on the first worker alone before the second was up; forking
 #: that second worker, and its exit, cost 3.4 ms of its 19 ms. Seconds.
 GROW_WORK_S = 0.005
+GROW_BACKLOG_S = 0.005
 GROW_BLIND_S = 0.002
 
 #: Largest request sent to a worker before the zygote has reported its fork
@@ -821,6 +823,8 @@ class _ForkPool:
         self._chunks_done = 0
         #: When the dispatcher first ran: a chunk's wait for it is not its work.
         self._dispatching_since: float | None = None
+        #: Since when chunks have waited with every worker busy, or None.
+        self._backlog_since: float | None = None
         self._thread = threading.Thread(
             target=self._run, name="smartexec-fork-dispatcher", daemon=True
         )
@@ -1474,20 +1478,29 @@ class _ForkPool:
         live = [w for w in self._workers if not w.lost]
         # A lost worker counts until _bury forks its replacement (or not).
         room = self._max_workers - len(self._workers)
-        if not live or room <= 0 or any(w.task is None for w in live):
-            # None left (a dead worker's replacement comes from _bury), full,
-            # or one is idle (or about to be: its fork is on its way).
-            return None
-        if any(w.grown and w.pid is None for w in live):
-            return None  # one asked for is not up yet
         waiting = len(self._queue) + len(self._unsent)
-        if not waiting:
+        if not live or not waiting or any(w.task is None for w in live):
+            # None left (a dead worker's replacement comes from _bury), no
+            # chunk waits, or a worker is idle (or about to be: its fork is
+            # on its way): no backlog.
+            self._backlog_since = None
             return None
+        if self._backlog_since is None:
+            self._backlog_since = now
+        if room <= 0 or any(w.grown and w.pid is None for w in live):
+            return None  # full, or one asked for is not up yet
         # The youngest chunk running: every worker has been busy that long.
         busy_s = now - max(max(w.since for w in live), self._dispatching_since)
+        # A map's chunks come a window at a time, small ones first: the
+        # queue shows little of its work, but keeps the workers busy.
+        backlog_s = now - self._backlog_since
         work_s = self._work_s / self._chunks_done if self._chunks_done else 0.0
-        if busy_s < GROW_BLIND_S and waiting * work_s < GROW_WORK_S * len(live):
-            return GROW_BLIND_S - busy_s
+        if (
+            busy_s < GROW_BLIND_S
+            and backlog_s < GROW_BACKLOG_S
+            and waiting * work_s < GROW_WORK_S * len(live)
+        ):
+            return min(GROW_BLIND_S - busy_s, GROW_BACKLOG_S - backlog_s)
         if wait_for([w.conn for w in live], 0):
             # A reply is in, not read yet (this thread waited for the GIL
             # while the caller sent chunks): that worker is free, not busy.

@@ -169,10 +169,12 @@ def test_a_new_pool_forks_more_workers_once_chunks_wait_behind_busy_ones(
     ids=["microseconds-stay-on-one", "measured-work-forks-another"],
 )
 def test_a_pool_grows_by_the_measured_work_that_waits(monkeypatch, fn, args, workers):
-    # The blind rule is put out of reach (a busy machine may stall a worker
-    # for ms). Forty chunks of microseconds hold far under GROW_WORK_S of
-    # work; once a 50 ms chunk has finished, the 39 that wait hold ~2 s.
+    # The other rules are put out of reach (a busy machine may stall a
+    # worker for ms). Forty chunks of microseconds hold far under
+    # GROW_WORK_S of work; once a 50 ms chunk has finished, the 39 that wait
+    # hold ~2 s.
     monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
+    monkeypatch.setattr(fork, "GROW_BACKLOG_S", 3600.0)
     asked = counting_spawns(monkeypatch)
     backend = fork.ForkBackend(2, 2)
     try:
@@ -406,3 +408,25 @@ def test_cancel_futures_keeps_a_chunk_for_each_worker_not_forked_yet():
     backend.shutdown(wait=True, cancel_futures=True)
     assert sum(f.cancelled() for f in futures) == 4
     assert all(f.result(timeout=20) for f in futures if not f.cancelled())
+
+
+def spin(seconds):
+    """Keep the CPU busy for ``seconds``; this process's pid."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+    return os.getpid()
+
+
+def test_a_map_s_steady_backlog_forks_more_workers(monkeypatch):
+    # A map sends a window of chunks at a time: the queue never shows more
+    # than a few short ones (three here: under GROW_WORK_S of work), yet the
+    # worker is never idle. 0.4 ms chunks, the blind rule out of reach: the
+    # backlog rule forks the second worker (sha256 of the demo's files ran
+    # on one for most of the map).
+    from smartexec import SmartExecutor
+
+    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
+    with SmartExecutor(2, backend="fork") as ex:
+        pids = set(ex.map(spin, [0.0004] * 500, chunksize=1, buffersize=3))
+    assert len(pids) == 2
