@@ -133,9 +133,9 @@ _QUIESCE_LOCK = threading.RLock()
 
 #: Workers a new pool forks from this process itself when no other thread
 #: runs (see _ForkPool): the first, which takes the chunk that started the
-#: pool at once. The zygote forks the others meanwhile, while this process
-#: starts the pool's dispatcher (forking each costs the parent about a
-#: millisecond per 100 MB mapped, on the way to everything else it does).
+#: pool at once. The zygote forks the others when chunks wait for them (see
+#: GROW_WORK_S): forking each here costs the parent about a millisecond per
+#: 100 MB mapped, on the way to everything else it does.
 DIRECT_WORKERS = 1
 
 #: A new pool forks one worker; it forks another (up to ``max_workers``) when
@@ -144,9 +144,10 @@ DIRECT_WORKERS = 1
 #: compute time of the pool's finished chunks), or chunks have waited so,
 #: without a break, for GROW_BACKLOG_S seconds (a map's chunks come a window
 #: at a time), or every worker has been on its chunk for GROW_BLIND_S seconds
-#: (no figure yet, or a chunk that waits on another). A map of 1,000 one-microsecond calls of a 200 MB object's
-#: method ran on the first worker alone before the second was up; forking
-#: that second worker, and its exit, cost 3.4 ms of its 19 ms. Seconds.
+#: (no figure yet, or a chunk that waits on another). A map of 1,000
+#: one-microsecond calls of a 200 MB object's method ran on the first worker
+#: alone before the second was up; forking that second worker, and its exit,
+#: cost 3.4 ms of its 19 ms. Seconds.
 GROW_WORK_S = 0.005
 GROW_BACKLOG_S = 0.005
 GROW_BLIND_S = 0.002
@@ -1473,11 +1474,12 @@ class _ForkPool:
         now = time.monotonic()
         if self._dispatching_since is None:
             self._dispatching_since = now
-        if self._forced:
-            return None
-        live = [w for w in self._workers if not w.lost]
         # A lost worker counts until _bury forks its replacement (or not).
         room = self._max_workers - len(self._workers)
+        if self._forced or room <= 0:
+            self._backlog_since = None  # a full pool's (its usual state): nothing to look at
+            return None
+        live = [w for w in self._workers if not w.lost]
         waiting = len(self._queue) + len(self._unsent)
         if not live or not waiting or any(w.task is None for w in live):
             # None left (a dead worker's replacement comes from _bury), no
@@ -1487,8 +1489,8 @@ class _ForkPool:
             return None
         if self._backlog_since is None:
             self._backlog_since = now
-        if room <= 0 or any(w.grown and w.pid is None for w in live):
-            return None  # full, or one asked for is not up yet
+        if any(w.grown and w.pid is None for w in live):
+            return None  # one asked for is not up yet
         # The youngest chunk running: every worker has been busy that long.
         busy_s = now - max(max(w.since for w in live), self._dispatching_since)
         # A map's chunks come a window at a time, small ones first: the
