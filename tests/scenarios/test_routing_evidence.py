@@ -195,7 +195,11 @@ def test_on_a_machine_with_no_core_to_spare_gil_holding_threads_never_read_as_re
         with SmartExecutor() as ex:
             assert list(ex.map(python_5ms, range(120))) == list(range(120))
             log = "\n".join(map(str, ex.decisions()))
-        assert "0.0 +- " in log and "of the machine's cores sat idle" in log, log
+        # Threads that wanted under 1.6 cores hold the GIL on any machine: the
+        # idle figure is read, and named, only when the verdict needs it (CI,
+        # Python 3.10: "wanted 0.9 ... (kind: holds)", nothing on idle cores).
+        idle_named = "0.0 +- " in log and "of the machine's cores sat idle" in log
+        assert idle_named or "kind: holds" in log, log
         assert "kind: releases" not in log, log
     finally:
         gil.forget(python_5ms)
