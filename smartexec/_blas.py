@@ -147,9 +147,11 @@ class ThreadCap:
         # so counting takes no lock. Thousands of tiny calls on six threads
         # queued behind a lock held by a thread the GIL had switched out
         # (submit on threads ran at 1.5x a ThreadPoolExecutor's cost).
-        self._tokens: list[None] = []
+        self.tokens: list[None] = []
         self._cpus = 1
-        self._saved: list[tuple[Any, int]] | None = None  # (pool, threads before)
+        #: While a cap is set: each BLAS pool capped, with its threads before
+        #: (the counts put back once no chunk runs); else None.
+        self.saved: list[tuple[Any, int]] | None = None
         self._applied: int | None = None  # the cap last set on the pools
         self._building = False  # a thread is building threadpoolctl's table
 
@@ -160,23 +162,31 @@ class ThreadCap:
     @property
     def active(self) -> int:
         """Chunks running on threads now."""
-        return len(self._tokens)
+        return len(self.tokens)
 
     @property
     def _active(self) -> int:
-        return len(self._tokens)
+        return len(self.tokens)
 
     def enter(self, cpus: int) -> None:
-        """One chunk (or call) starts on a thread, on a host with ``cpus`` CPUs; see :meth:`running`."""
-        tokens = self._tokens
-        tokens.append(None)
-        if "numpy" not in sys.modules:
-            return  # no BLAS pool to cap
-        if len(tokens) > 1 or self._saved is not None:
+        """One chunk (or call) starts on a thread, on a host with ``cpus`` CPUs; see :meth:`running`.
+
+        The same as ``tokens.append(None)`` then, when numpy is loaded and
+        another chunk runs or a cap is set, :meth:`entered` (the thread
+        backend's per-call path does that inline: a method call is a few
+        percent of a trivial submit's cost).
+        """
+        self.tokens.append(None)
+        if "numpy" in sys.modules:
+            self.entered(cpus)
+
+    def entered(self, cpus: int) -> None:
+        """Set the cap for the chunks running now, one of them just counted in :attr:`tokens`."""
+        if len(self.tokens) > 1 or self.saved is not None:
             cpus = max(1, cpus)
-            if self._saved is None and _controller is None and not self._build():
+            if self.saved is None and _controller is None and (self._building or not self._build()):
                 return  # another thread builds the table: this chunk runs uncapped
-            if self._saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
+            if self.saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
                 with self._lock:
                     self._cpus = cpus
                     self._apply()
@@ -218,20 +228,28 @@ class ThreadCap:
         return _controller is not None
 
     def exit(self) -> None:
-        """The chunk (or call) of an :meth:`enter` ended."""
-        self._tokens.pop()
-        if self._saved is not None and (
-            not self._tokens or self._cap_now(self._cpus) != self._applied
+        """The chunk (or call) of an :meth:`enter` ended.
+
+        The same as ``tokens.pop()`` then, while a cap is set (:attr:`saved`), :meth:`exited`.
+        """
+        self.tokens.pop()
+        if self.saved is not None:
+            self.exited()
+
+    def exited(self) -> None:
+        """Lift or ease the cap once a chunk's token left :attr:`tokens`."""
+        if self.saved is not None and (
+            not self.tokens or self._cap_now(self._cpus) != self._applied
         ):
             with self._lock:
-                if self._saved is not None:
+                if self.saved is not None:
                     self._apply()
 
     def _cap_now(self, cpus: int) -> int:
-        return max(1, cpus // max(1, len(self._tokens)))
+        return max(1, cpus // max(1, len(self.tokens)))
 
     def _apply(self) -> None:
-        if self._saved is None:
+        if self.saved is None:
             if "numpy" not in sys.modules:
                 return
             try:
@@ -240,10 +258,10 @@ class ThreadCap:
                 return
             if controller is None:
                 return
-            self._saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
+            self.saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
         active = self._active  # read once: the tokens change without the lock
         if active <= 0:
-            saved, self._saved, self._applied = self._saved, None, None
+            saved, self.saved, self._applied = self.saved, None, None
             for pool, threads in saved:
                 _set_threads(pool, threads)
             return
@@ -251,7 +269,7 @@ class ThreadCap:
         if cap == self._applied:
             return  # as set: thousands of short calls change nothing (no library call)
         self._applied = cap
-        for pool, threads in self._saved:
+        for pool, threads in self.saved:
             _set_threads(pool, min(threads, cap))
 
 

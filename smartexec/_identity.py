@@ -20,19 +20,21 @@ def identity_key(fn: Any) -> Hashable:
     """Return a key equal for the same callable seen twice.
 
     Bound methods compare by ``(id(__self__), id(__func__))``; builtin methods
-    bound to an object by ``(id(__self__), __name__)``; anything else by
-    ``id(fn)``. Pair the key with a :class:`WeakCallable` to detect reuse of
+    bound to an object by ``(id(__self__), __name__)``, each a tuple;
+    anything else by ``id(fn)``, a bare int, so that a hot path can look a
+    plain function up by ``id(fn)`` without calling this (submit's
+    shortcut). Pair the key with a :class:`WeakCallable` to detect reuse of
     an id after the object died.
     """
     if type(fn) is types.FunctionType:
-        return ("o", id(fn))  # the common case first (submit's hot path)
+        return id(fn)  # the common case first
     if isinstance(fn, types.MethodType):
         return ("m", id(fn.__self__), id(fn.__func__))
     if isinstance(fn, types.BuiltinMethodType):
         owner = fn.__self__
         if owner is not None and not isinstance(owner, (types.ModuleType, type)):
             return ("b", id(owner), fn.__name__)
-    return ("o", id(fn))
+    return id(fn)
 
 
 def _once(on_death: Callable[[], object]) -> Callable[[Any], None]:
@@ -67,9 +69,12 @@ class WeakCallable:
     Attributes:
         weak: False when ``fn`` could not be weakly referenced and is held
             strongly.
+        ref: ``ref()`` is what :meth:`get` returns (a weak reference itself
+            for a plain function: ``handle.ref() is fn`` is the cheapest
+            check that the handle still refers to that function).
     """
 
-    __slots__ = ("_get", "weak", "__weakref__")
+    __slots__ = ("ref", "weak", "__weakref__")
 
     def __init__(self, fn: Any, on_death: Callable[[], object] | None = None):
         callback = _once(on_death) if on_death is not None else None
@@ -87,13 +92,13 @@ class WeakCallable:
                 # Bound to an object without a weak-reference slot (a
                 # ``__slots__`` class that does not list ``__weakref__``).
                 self.weak = False
-                self._get: Callable[[], Any] = lambda: fn
+                self.ref: Callable[[], Any] = lambda: fn
                 return
             try:
                 func_ref: Callable[[], Any] = weakref.ref(func, callback)
             except TypeError:  # a callable object bound as a method: kept
                 func_ref = lambda: func  # noqa: E731
-            self._get = lambda: _bound(func_ref(), owner_ref())
+            self.ref = lambda: _bound(func_ref(), owner_ref())
             return
         if isinstance(fn, types.BuiltinMethodType):
             owner, name = fn.__self__, fn.__name__
@@ -104,24 +109,24 @@ class WeakCallable:
                     # A list's or dict's method: the bound-method object is a
                     # temporary, so a weak reference to it would die at once.
                     self.weak = False
-                    self._get = lambda: fn
+                    self.ref = lambda: fn
                     return
                 else:
-                    self._get = lambda: None if (o := owner_ref()) is None else getattr(o, name)
+                    self.ref = lambda: None if (o := owner_ref()) is None else getattr(o, name)
                     return
         try:
-            self._get = weakref.ref(fn, callback)
+            self.ref = weakref.ref(fn, callback)
         except TypeError:
             self.weak = False
-            self._get = lambda: fn
+            self.ref = lambda: fn
 
     def get(self) -> Any:
         """Return the callable, or None when it has died."""
-        return self._get()
+        return self.ref()
 
     def matches(self, fn: Any) -> bool:
         """Return True when this handle still refers to ``fn``."""
-        live = self._get()
+        live = self.ref()
         if live is fn:
             return True  # the same object: no method to compare (submit's hot path)
         if live is None:

@@ -19,6 +19,7 @@ import multiprocessing
 import signal
 import threading
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -87,7 +88,7 @@ from .policy import (
 )
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
-from .stats import ExecutorStats, StatsRecorder
+from .stats import CallLog, ExecutorStats, StatsRecorder
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
 from .tuning import chunksize as tuned_chunksize
 
@@ -1396,7 +1397,7 @@ class SmartExecutor(Executor):
                 self._movers.remove(threading.get_ident())
                 self._moves_idle.notify_all()
 
-    def _call_recorder(self, backend: Backend) -> Callable[[float, float], None]:
+    def _call_recorder(self, backend: Backend) -> CallLog:
         """The stats recorder of calls run on ``backend`` with no chunk (submit's thread route)."""
         record = self._call_recorders.get(backend.name)
         if record is None:
@@ -1441,13 +1442,22 @@ class SmartExecutor(Executor):
         return cached[2]
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        fast = self._fast_submits.get(identity_key(fn)) if self._fast_submits else None
-        if fast is not None and not self._shutdown and fast[0].matches(fn):
-            # Moved to threads by its submits' figures (a verdict stands for
-            # the callable's life): no lock of ours and no routing, nearly as
-            # cheap as a ThreadPoolExecutor's submit (the backend raises
-            # RuntimeError once shut down).
-            return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
+        fasts = self._fast_submits
+        if fasts:
+            # On threads for good (see _remember_fast_submit): no lock of
+            # ours and no routing, nearly as cheap as a ThreadPoolExecutor's
+            # submit (the backend raises RuntimeError once shut down). A
+            # plain function's key is its id (identity_key), looked up here
+            # without calling it.
+            fast = fasts.get(id(fn))
+            if fast is None and type(fn) is not types.FunctionType:
+                fast = fasts.get(identity_key(fn))
+            if (
+                fast is not None
+                and not self._shutdown
+                and (fast[0].ref() is fn or fast[0].matches(fn))
+            ):
+                return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
             _check_open(self)
             moved = self._learned_route(fn) if self._learns else None

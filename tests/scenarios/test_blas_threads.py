@@ -125,7 +125,7 @@ def test_a_chunk_ending_while_the_cap_is_applied_does_not_divide_by_zero():
 
     cap = _blas.ThreadCap()
     cap._cpus = 2
-    cap._saved = []  # the table was read: no library to set here
-    cap._tokens = Shrinking([1, 0, 0])  # one chunk at the first read, none at the next
+    cap.saved = []  # the table was read: no library to set here
+    cap.tokens = Shrinking([1, 0, 0])  # one chunk at the first read, none at the next
     cap._apply()
     assert cap._applied == 2
