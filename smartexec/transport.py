@@ -212,6 +212,15 @@ def _encode(obj: Any, encoder: _Encoder, prune: Any = None) -> bytes:
     return out.getvalue()
 
 
+def _is_argument(ident: Hashable) -> bool:
+    """Whether a cache key names an argument (``("a", id)``), not a callable.
+
+    A callable's key is :func:`~smartexec._identity.identity_key`'s: a tuple
+    for a bound method, a bare int for anything else.
+    """
+    return type(ident) is tuple and ident[0] == "a"
+
+
 def _split(data: bytes) -> tuple[memoryview, list[tuple[str, int]], Any]:
     view = memoryview(data)
     if len(view) <= _TAIL or view[-len(_MAGIC) :] != _MAGIC:
@@ -962,7 +971,7 @@ class ObjectCache:
 
         entry = _Entry(self, key, WeakCallable(obj, on_death), ref, len(_split(stream)[0]))
         self._entries[ident] = entry
-        if ident[0] == "a":  # type: ignore[index]
+        if _is_argument(ident):
             self._argument_ids[id(obj)] = entry
         self._live[key] = entry
         self._bound()
@@ -972,7 +981,7 @@ class ObjectCache:
         strong = [e for e in self._entries.values() if not e.handle.weak]
         for entry in strong[: max(0, len(strong) - MAX_STRONG_ENTRIES)]:
             self._retire(entry)
-        arguments = [e for k, e in self._entries.items() if k[0] == "a"]  # type: ignore[index]
+        arguments = [e for k, e in self._entries.items() if _is_argument(k)]
         for entry in arguments[: max(0, len(arguments) - MAX_ARGUMENT_ENTRIES)]:
             self._retire(entry)
 
@@ -986,7 +995,7 @@ class ObjectCache:
         for ident, current in list(self._entries.items()):
             if current is entry:
                 del self._entries[ident]
-                if ident[0] == "a":  # type: ignore[index]
+                if _is_argument(ident):
                     self._argument_ids.pop(ident[1], None)  # type: ignore[index]
         entry.retired = True
         if entry.pins == 0:
