@@ -19,6 +19,7 @@ serialisation work.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pickle
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from ._code_hint import code_hint, operator_hint
+from ._process_local import process_local_reason
 
 __all__ = [
     "CallableProfile",
@@ -140,6 +142,11 @@ class CallableProfile:
             ``operator`` function (:func:`smartexec._code_hint.operator_hint`).
             Weaker than ``gil_hint``: a measurement of the callable
             overrides it.
+        in_process: why its calls must run in this process, or None: it is
+            a method of an object this process's threads share (a queue, a
+            lock, an event) or a built-in method of a mutable built-in
+            object (``results.append``), which a worker process would run
+            on a copy (:func:`smartexec._process_local.process_local_reason`).
     """
 
     kind: str
@@ -149,6 +156,7 @@ class CallableProfile:
     state_holder: str = ""
     gil_hint: str | None = None
     code_hint: str | None = None
+    in_process: str | None = None
 
     @property
     def state_bytes(self) -> int:
@@ -337,6 +345,13 @@ def inspect_callable(
     Raises:
         TypeError: ``fn`` is not callable.
     """
+    profile = _inspect(fn, cap_bytes)
+    in_process = process_local_reason(fn)
+    return profile if in_process is None else dataclasses.replace(profile, in_process=in_process)
+
+
+def _inspect(fn: Callable[..., Any], cap_bytes: int) -> CallableProfile:
+    """:func:`inspect_callable` but for ``in_process`` (same arguments)."""
     if not callable(fn):
         raise TypeError(
             f"{fn!r} ({type(fn).__qualname__}) is not callable; pass a function, e.g. "

@@ -11,6 +11,8 @@ The table, first match wins:
 the call                                      backend     why
 ============================================  ==========  ==========================================
 ``backend=`` given                            that one    the user decides
+acts on an object of this process (a queue's  thread      a process would act on a copy
+  ``get``, ``results.append``)
 state that cannot be pickled, fork available  fork        shared by copy-on-write, never pickled
 state over ``big_state_bytes``, fork avail.   fork        shared by copy-on-write, never pickled
 state over ``big_state_bytes``, no fork       loky        sent once per worker, cached there
@@ -423,7 +425,9 @@ def stoppable(
     or for threads (a thread cannot be stopped at all: a stuck call would
     run on, and shutdown would wait for it) goes to fork, which also sends
     code by value with cloudpickle. Unchanged when ``options.backend`` was
-    given, when threads were asked for (``prefer="threads"``), where fork
+    given, when threads were asked for (``prefer="threads"``), for a
+    callable that must run in this process (``profile.in_process``: its
+    threads fail the future at the deadline, the call runs on), where fork
     is missing, or where the user's ``mp_context`` chose another start method.
 
     While ``other_threads`` of the user's run, fork is not safe (the same
@@ -464,7 +468,8 @@ def stoppable(
             "cloudpickle too) can be stopped one at a time; loky's cannot"
         )
         return replace(decision, backend="fork", reasons=(*decision.reasons, why))
-    if decision.backend == "thread" and options.prefer != "threads":
+    in_process = decision.profile is not None and decision.profile.in_process is not None
+    if decision.backend == "thread" and options.prefer != "threads" and not in_process:
         why = (
             "task_timeout is set: a thread cannot be stopped (a stuck call would run on, "
             "and shutdown would wait for it); a fork worker can be killed and replaced"
@@ -496,6 +501,15 @@ def _decide(
             share = True
             reasons.append(f"{holder} ({state}) {_SENT_ONCE}")
         return Decision(options.backend, tuple(reasons), share=share, profile=profile)
+
+    if profile.in_process is not None:
+        # Before every other row: prefer="processes" is a hint for speed,
+        # and no speed is worth a result lost or a wait never woken.
+        return Decision(
+            "thread",
+            (what, profile.in_process, "threads run it in this process, on the object itself"),
+            profile=profile,
+        )
 
     if state.error is not None:
         if platform.has_fork:
