@@ -11,9 +11,13 @@ wrong result, or a hang, where a ``ThreadPoolExecutor`` works:
   copy that nobody reads, and ``event.wait()`` waits for ever for a
   ``set()`` made here;
 * methods of a built-in mutable object (``results.append``,
-  ``seen.add``, ``counts.__setitem__``, ``rng.random``, ``buf.write``): the
-  worker changes its copy, and the caller's list stays empty (or every
-  worker draws the same random numbers).
+  ``seen.add``, ``counts.__setitem__``, ``buf.write``, also bound by hand
+  as ``partial(list.append, results)``, and the methods of the standard
+  library's containers such as ``Counter.update``): the worker changes its
+  copy, and the caller's list stays empty;
+* methods of a random number generator (``random.Random``, numpy's
+  ``Generator`` and ``RandomState``): every worker draws the same numbers
+  from its own copy of the state.
 
 :func:`process_local_reason` names such a callable; the policy then runs it
 on threads, in this process (``smartexec.policy``). Methods of the user's
@@ -24,10 +28,13 @@ what smartexec is for (their docs say workers see it as it was).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import queue
+import random
 import re
+import sys
 import threading
 import types
 from typing import Any
@@ -68,9 +75,18 @@ _IMMUTABLE: tuple[type, ...] = (
 )
 
 
+#: Unbound methods of built-in types (``list.append``), bound by hand in a partial.
+_UNBOUND = (types.MethodDescriptorType, types.WrapperDescriptorType)
+
+#: Mutable containers whose standard-library subclasses (``Counter``,
+#: ``OrderedDict``, ``defaultdict``) have Python-level methods that change them.
+_CONTAINERS = (list, dict, set, bytearray, collections.deque)
+_STDLIB = frozenset(sys.stdlib_module_names)
+
+
 def _a(obj: Any) -> str:
     name = type(obj).__qualname__
-    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+    return f"an {name}" if name[:1].lower() in "aeiou" or name == "ndarray" else f"a {name}"
 
 
 def process_local_reason(fn: Any) -> str | None:
@@ -82,10 +98,12 @@ def process_local_reason(fn: Any) -> str | None:
     Returns:
         A sentence for ``explain()`` when ``fn`` is a method (of any kind)
         of an object that threads of this process share (a queue, a lock,
-        an event, a future, a thread), or a built-in method, or slot
-        wrapper, bound to a mutable built-in object (a list, dict, set,
-        deque, file, random generator...); else None. Never raises (an
-        object whose ``__getattr__`` raises is not named).
+        an event, a future, a thread, an asyncio event loop) or of a random
+        number generator; a built-in method, or slot wrapper, bound to a
+        mutable built-in object (a list, dict, set, deque, file...), by
+        Python or by a ``partial`` of the unbound method; or a method of a
+        standard-library container (``Counter.update``); else None. Never
+        raises (an object whose ``__getattr__`` raises is not named).
     """
     try:
         return _reason(fn)
@@ -95,21 +113,63 @@ def process_local_reason(fn: Any) -> str | None:
 
 def _reason(fn: Any) -> str | None:
     if isinstance(fn, functools.partial):
-        return _reason(fn.func)
+        inner, args = fn.func, fn.args
+        if args and isinstance(inner, _UNBOUND) and isinstance(args[0], inner.__objclass__):
+            # partial(list.append, results): the method, bound by hand.
+            return _owner_reason(args[0], builtin=True)
+        if args and isinstance(inner, types.FunctionType) and _is_method_of(inner, args[0]):
+            return _owner_reason(args[0], builtin=False)  # partial(Counter.update, counts)
+        return _reason(inner)
     owner = getattr(fn, "__self__", None)
     if owner is None or isinstance(owner, (types.ModuleType, type)):
         return None
-    if isinstance(owner, _THREAD_SHARED):
+    builtin = isinstance(fn, (types.BuiltinMethodType, types.MethodWrapperType))
+    return _owner_reason(owner, builtin)
+
+
+def _owner_reason(owner: Any, builtin: bool) -> str | None:
+    """Why a method of ``owner`` (a built-in one when ``builtin``) must run here, or None."""
+    if isinstance(owner, _thread_shared()):
         return (
             f"its object ({_a(owner)}) passes data or signals between this process's "
             "threads: in a worker process the call would act on a copy (what it puts "
             "would never arrive here, what it waits for would never come)"
         )
-    builtin = isinstance(fn, (types.BuiltinMethodType, types.MethodWrapperType))
-    if builtin and not isinstance(owner, _IMMUTABLE):
+    if isinstance(owner, _random_generators()):
         return (
-            f"it is a built-in method of {_a(owner)} of this process, which it may "
-            "change: a worker process would change a copy, and the change would be "
-            "lost here"
+            f"its object ({_a(owner)}) is a random number generator of this process: "
+            "each worker process would draw from its own copy of the same state (the "
+            "same numbers in every worker), and this one would never advance"
+        )
+    stdlib_container = isinstance(owner, _CONTAINERS) and (
+        type(owner).__module__.partition(".")[0] in _STDLIB
+    )
+    if (builtin and not isinstance(owner, _IMMUTABLE)) or stdlib_container:
+        return (
+            f"it is a method of {_a(owner)} of this process: a worker process would "
+            "use a copy, so what it changes would be lost here (and what it reads "
+            "could be out of date)"
         )
     return None
+
+
+def _is_method_of(func: types.FunctionType, obj: Any) -> bool:
+    """Whether ``func`` is a function defined on ``obj``'s class (or a base), by name."""
+    name = func.__name__
+    return any(vars(klass).get(name) is func for klass in type(obj).__mro__)
+
+
+def _thread_shared() -> tuple[type, ...]:
+    """:data:`_THREAD_SHARED`, and asyncio's event loops once asyncio is imported."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return _THREAD_SHARED
+    return (*_THREAD_SHARED, asyncio.AbstractEventLoop)
+
+
+def _random_generators() -> tuple[type, ...]:
+    """``random.Random`` (and ``SystemRandom``), and numpy's generators once numpy is imported."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return (random.Random,)
+    return (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator)

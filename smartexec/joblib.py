@@ -47,6 +47,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
     ) from exc
 
 from ._identity import identity_key
+from ._process_local import process_local_reason
 from ._remote import Call, ChunkResult
 from ._system import current_platform
 from .executor import SmartExecutor
@@ -204,7 +205,10 @@ def _split(batch: Any) -> tuple[Callable[..., Any], str, list[tuple[Any, Any, An
         item (``delayed(f)`` over many items, the usual case;
         :func:`same_function`); ``"alike"``, callables made alike for each
         item (:func:`alike`), routed on the first; ``"mixed"``, others,
-        routed on :func:`_call`, as joblib's process backends send them.
+        routed on :func:`_call`, as joblib's process backends send them;
+        ``"mixed-here"``, others of which one acts on an object of this
+        process (``results.append``: :mod:`smartexec._process_local`),
+        routed on that one, which keeps the batch on threads.
     """
     items = list(batch.items)
     first = items[0][0]
@@ -212,6 +216,9 @@ def _split(batch: Any) -> tuple[Callable[..., Any], str, list[tuple[Any, Any, An
         return first, "same", items
     if all(alike(first, fn) for fn, _, _ in items):
         return first, "alike", items
+    for fn, _, _ in items:
+        if process_local_reason(fn) is not None:
+            return fn, "mixed-here", items
     return _call, "mixed", items
 
 
@@ -410,7 +417,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
             )
         with self._lock:
             for known, known_mode, each, send in self._batches:
-                if "mixed" in (mode, known_mode):
+                if mode.startswith("mixed") or known_mode.startswith("mixed"):
                     found = mode == known_mode
                 elif each:
                     found = alike(known, fn)
@@ -422,7 +429,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
             chosen: list[bool] = []
 
             def runner(decision: Decision) -> _Batch:
-                each = mode == "mixed" or not (
+                each = mode.startswith("mixed") or not (
                     _is_function(fn) or (decision.share and mode == "same")
                 )
                 chosen.append(each)

@@ -350,6 +350,7 @@ def decide(
         and options.backend is None
         and options.prefer != "threads"
         and decision.backend == "thread"
+        and profile.in_process is None  # row 1b: the thread backend runs the initializer too
     ):
         fork_ok = (
             platform.has_fork and options.start_method in (None, "fork") and other_threads == 0

@@ -60,9 +60,21 @@ def _builtin_mutators() -> list[object]:
         collections.deque().append,
         collections.OrderedDict().__setitem__,
         io.StringIO().write,
-        random.Random(1).random,
         np.zeros(3).fill,
         functools.partial([].append),
+        functools.partial(list.append, []),  # bound by hand
+        collections.Counter().update,  # a standard-library container's Python method
+        functools.partial(collections.Counter.update, collections.Counter()),
+    ]
+
+
+def _random_generators() -> list[object]:
+    return [
+        random.Random(1).random,
+        random.Random(1).randint,  # a Python-level method
+        random.randint,  # the module's hidden generator
+        np.random.default_rng(1).integers,
+        np.random.RandomState(1).randint,
     ]
 
 
@@ -75,7 +87,23 @@ def test_methods_of_thread_shared_objects_are_named(fn):
 @pytest.mark.parametrize("fn", _builtin_mutators(), ids=lambda fn: repr(fn)[:40])
 def test_builtin_methods_of_mutable_objects_are_named(fn):
     reason = process_local_reason(fn)
-    assert reason is not None and "would change a copy" in reason
+    assert reason is not None and "would use a copy" in reason
+
+
+@pytest.mark.parametrize("fn", _random_generators(), ids=lambda fn: repr(fn)[:40])
+def test_methods_of_random_generators_are_named(fn):
+    reason = process_local_reason(fn)
+    assert reason is not None and "the same numbers in every worker" in reason
+
+
+def test_an_asyncio_event_loop_is_shared_with_this_process():
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert process_local_reason(loop.call_soon_threadsafe) is not None
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize(
@@ -89,6 +117,7 @@ def test_builtin_methods_of_mutable_objects_are_named(fn):
         Model().score,  # the user's own class: sharing it with fork workers is the point
         Model,
         functools.partial(pow, 2),
+        functools.partial(str.upper, "a"),  # an immutable object, bound by hand
         lambda x: x,
     ],
     ids=lambda fn: repr(fn)[:40],
@@ -102,7 +131,14 @@ def test_the_policy_puts_them_on_threads_before_every_row_but_backend():
     why = "it is a built-in method of a list of this process"
     big = PayloadSize(1 << 30, capped=True)
     prof = CallableProfile("bound_method", "list.append", True, big, "__self__", in_process=why)
-    for options in (Options(), Options(prefer="processes"), Options(stoppable=True)):
+    every = (
+        Options(),
+        Options(prefer="processes"),
+        Options(stoppable=True),
+        Options(initializer=True),
+        Options(retires_workers=True),
+    )
+    for options in every:
         decision = decide(prof, LINUX, options)
         assert decision.backend == "thread" and why in decision.reasons, options
     assert decide(prof, LINUX, Options(backend="fork")).backend == "fork"
@@ -137,6 +173,42 @@ def test_a_map_of_append_fills_the_callers_list():
         list(ex.map(counts.__setitem__, range(50), range(50)))
     assert sorted(seen) == list(range(200))
     assert counts == {i: i for i in range(50)}
+
+
+def test_a_map_of_a_seeded_generator_draws_each_number_once():
+    # On fork workers each drew from its own copy of the same state: 9 to
+    # 18 distinct values of 40.
+    rng = random.Random(0)
+    with SmartExecutor(2, prefer="processes") as ex:
+        drawn = list(ex.map(rng.randint, [0] * 40, [10**9] * 40))
+    assert len(set(drawn)) == 40
+
+
+def _noop() -> None:
+    pass
+
+
+def test_an_initializer_does_not_send_them_to_processes():
+    seen: list[int] = []
+    with SmartExecutor(2, initializer=_noop) as ex:
+        assert ex.explain(seen.append).backend == "thread"
+        list(ex.map(seen.append, range(100)))
+    assert sorted(seen) == list(range(100))
+
+
+def test_a_joblib_batch_that_mixes_them_stays_here():
+    # A batch of different callables went to fork on joblib's module-level
+    # caller: each item's bound method was pickled, its writes lost.
+    joblib = pytest.importorskip("joblib")
+    import smartexec.joblib  # noqa: F401  (registers the backend)
+
+    odd: list[int] = []
+    even: list[int] = []
+    with joblib.parallel_config(backend="smartexec", n_jobs=2):
+        joblib.Parallel(batch_size=10)(
+            joblib.delayed((odd if i % 2 else even).append)(i) for i in range(100)
+        )
+    assert sorted(odd) == list(range(1, 100, 2)) and sorted(even) == list(range(0, 100, 2))
 
 
 def test_the_user_can_still_force_a_process_backend():
