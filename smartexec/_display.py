@@ -20,6 +20,14 @@ from __future__ import annotations
 import html
 from typing import Any
 
+
+def with_article(obj: Any) -> str:
+    """``obj``'s type name after "a" or "an", for messages: ``"a list"``, ``"an Event"``, ``"an ndarray"``."""
+    name = type(obj).__qualname__
+    vowel = name[:1].lower() in "aeiou" or name == "ndarray"
+    return f"{'an' if vowel else 'a'} {name}"
+
+
 __all__ = [
     "decision_html",
     "decision_repr",

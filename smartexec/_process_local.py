@@ -39,6 +39,8 @@ import threading
 import types
 from typing import Any
 
+from ._display import with_article as _a
+
 __all__ = ["process_local_reason"]
 
 #: Types whose instances synchronise or pass data between threads of one
@@ -82,11 +84,6 @@ _UNBOUND = (types.MethodDescriptorType, types.WrapperDescriptorType)
 #: ``OrderedDict``, ``defaultdict``) have Python-level methods that change them.
 _CONTAINERS = (list, dict, set, bytearray, collections.deque)
 _STDLIB = frozenset(sys.stdlib_module_names)
-
-
-def _a(obj: Any) -> str:
-    name = type(obj).__qualname__
-    return f"an {name}" if name[:1].lower() in "aeiou" or name == "ndarray" else f"a {name}"
 
 
 def process_local_reason(fn: Any) -> str | None:

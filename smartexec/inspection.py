@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from ._code_hint import code_hint, operator_hint
+from ._display import with_article as _a
 from ._process_local import process_local_reason
 
 __all__ = [
@@ -323,11 +324,6 @@ def _gil_hint(fn: Any) -> str | None:
     if isinstance(module_name, str):
         return _GIL_RELEASING_MODULES.get(module_name)
     return None
-
-
-def _a(obj: Any) -> str:
-    name = type(obj).__qualname__
-    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
 
 
 def inspect_callable(
