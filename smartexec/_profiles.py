@@ -27,8 +27,41 @@ temporary file in the same directory, then :func:`os.replace`); a file that
 is corrupt, of another format version, for another key or older than
 :data:`MAX_AGE_S` is ignored and replaced by the next save; an unwritable
 directory turns saving off for this process with one debug-level log line.
-Nothing here raises into a user's map. The store keeps at most
-:data:`MAX_ENTRIES` files (the oldest go first).
+The store keeps at most :data:`MAX_ENTRIES` files (the oldest go first).
+
+What the store trusts, and why. A stored profile changes where a user's
+code runs, so the store is one that can only make things faster: it reads
+nothing another user could have written, and nothing it reads or fails to
+read can hang, exhaust or break a map.
+
+- The directory must belong to this user (:func:`os.geteuid`) and not be
+  writable by group or others: anyone else who can create files in it
+  could plant profiles (and root would read them). Otherwise the store runs
+  as if it were empty (no load, no save) and logs one warning per
+  directory per process (:mod:`logging`, not :mod:`warnings`: a warning
+  turned into an error by ``-W error`` would raise into the map).
+  :func:`refusal` says why, and ``python -m smartexec cache`` prints it.
+  The directory is opened once per operation and its files are reached
+  through that descriptor, so a path swapped after the check is not used.
+- A file is read only when it is a regular file (no symlink: the open
+  uses ``O_NOFOLLOW``; no FIFO or device: ``O_NONBLOCK`` then ``fstat``)
+  owned by this user, not writable by group or others, and of at most
+  :data:`MAX_FILE_BYTES` (a profile is about 1 KiB): anything else is
+  ignored as if absent.
+- Every error of the store (an unusable directory, ``OSError``,
+  ``ValueError``, ``MemoryError``, anything) is a debug-level log line,
+  never an exception out of :func:`load`, :func:`save`, :func:`flush`,
+  :func:`clear`, :func:`entry_count` or :func:`cache_dir`, so never out
+  of ``map`` or ``submit``.
+- It removes only files it made (when pruning and in :func:`clear`), all
+  regular files of this user: a profile is one whose JSON names a key
+  (of any format version) whose hash is its file name; a temporary file
+  is one whose name carries the store's token (``.tmp-smartexec-``), and
+  is removed only over an hour old (a live writer's stays). A save
+  replaces only a regular file of this user at its own key's name. A
+  user's other files in the directory, whatever their names, stay.
+- Where the platform lacks those calls (``O_NOFOLLOW``, ``os.geteuid``,
+  directory descriptors: not POSIX) the store is off.
 
 A load reads one small file the first time a callable is seen, then answers
 from this process's memory. Thread-safe and fork-safe (a forked child gets a
@@ -38,6 +71,7 @@ fresh lock).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -47,14 +81,14 @@ import math
 import os
 import platform
 import re
+import stat
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,11 +105,13 @@ __all__ = [
     "flush",
     "clear",
     "cache_dir",
+    "refusal",
     "entry_count",
     "earlier_run_reason",
     "FORMAT_VERSION",
     "MAX_AGE_S",
     "MAX_ENTRIES",
+    "MAX_FILE_BYTES",
     "CACHE_ENV",
     "CACHE_DIR_ENV",
 ]
@@ -102,8 +138,28 @@ CACHE_DIR_ENV = "SMARTEXEC_CACHE_DIR"
 
 _OFF = frozenset({"0", "false", "no", "off"})
 _KINDS = ("waits", "releases", "holds")
+#: The most bytes a profile file may hold: a bigger one is ignored (a profile is ~1 KiB).
+MAX_FILE_BYTES = 64 * 1024
+
 _NAME = re.compile(r"^[0-9a-f]{64}\.json$")
-_TMP_PREFIX = ".tmp-"
+#: The store's token in the names of its temporary files: other ``.tmp-*`` files are not its.
+_TMP_PREFIX = ".tmp-smartexec-"
+_TMP_NAME = re.compile(r"^\.tmp-smartexec-[0-9a-f]{16}\.json$")
+_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+_O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC
+#: Whether this platform has what the store needs to open its files safely
+#: (POSIX); without it the store is off.
+_SAFE_CALLS = (
+    all((_O_NOFOLLOW, _O_NONBLOCK, _O_CLOEXEC, _O_DIRECTORY))
+    and hasattr(os, "geteuid")
+    and {os.open, os.stat, os.unlink, os.rename} <= os.supports_dir_fd  # os.replace is rename()
+    and os.scandir in os.supports_fd
+)
 #: A temporary file older than this (seconds) was left by a writer that died.
 _TMP_STALE_S = 3600.0
 #: Most entries (hits and misses) kept in this process's view of the store.
@@ -326,11 +382,16 @@ def profile_key(fn: Callable[..., Any]) -> str | None:
 def cache_dir() -> Path | None:
     """Return the directory profiles are kept in, or None when the store is off.
 
+    The directory may not exist yet, and may be one the store refuses to
+    use (:func:`refusal` says). Never raises.
+
     Returns:
         ``$SMARTEXEC_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/smartexec``,
-        else ``~/.cache/smartexec`` (it may not exist yet); None when
-        ``SMARTEXEC_CACHE`` is ``0``, ``false``, ``no`` or ``off``, or no home
-        directory is known.
+        else ``~/.cache/smartexec``; None when ``SMARTEXEC_CACHE`` is ``0``,
+        ``false``, ``no`` or ``off``, when no home directory is known or
+        ``$SMARTEXEC_CACHE_DIR`` cannot be expanded (``~nosuchuser/...``),
+        or when this platform lacks the calls the store needs to open its
+        files safely (``O_NOFOLLOW``, ``os.geteuid``, directory descriptors).
     """
     return _where()[0]
 
@@ -346,16 +407,18 @@ def _resolve(
     switch: str | None, explicit: str | None, xdg: str | None, home: str | None
 ) -> tuple[Path | None, str]:
     directory: Path | None
-    if (switch or "").strip().lower() in _OFF:
+    if not _SAFE_CALLS or (switch or "").strip().lower() in _OFF:
         directory = None
-    elif explicit:
-        directory = Path(explicit).expanduser()
-    elif xdg and os.path.isabs(xdg):
-        directory = Path(xdg) / "smartexec"
     else:
         try:
-            directory = Path.home() / ".cache" / "smartexec"
-        except (RuntimeError, KeyError, OSError):
+            if explicit:
+                directory = Path(explicit).expanduser()
+            elif xdg and os.path.isabs(xdg):
+                directory = Path(xdg) / "smartexec"
+            else:
+                directory = Path.home() / ".cache" / "smartexec"
+        except Exception as exc:  # RuntimeError, KeyError, OSError: no such home
+            LOGGER.debug("smartexec: no profile store: %r", exc)
             directory = None
     return directory, str(directory)
 
@@ -367,6 +430,8 @@ def _file_name(key: str) -> str:
 _lock = threading.Lock()
 _view: dict[tuple[str, str], StoredProfile | None] = {}
 _unwritable: set[str] = set()
+#: Directories warned about (untrusted), once each per process; clear() keeps it.
+_warned: set[str] = set()
 #: Saves not written yet: (directory, its str()) and file name -> the file's text.
 _pending: dict[tuple[Path, str, str], str] = {}
 _flushing = threading.Lock()  # held by flush() throughout
@@ -383,6 +448,191 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- what the store trusts ------------------------------------------------------------
+
+
+def _untrusted_dir(st: os.stat_result) -> str | None:
+    """Why the store does not trust a directory with this ``stat``, or None when it does."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _not_own_file(st: os.stat_result) -> str | None:
+    """Why a file with this ``stat`` is not one the store may have made, or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}"
+    return None
+
+
+def refusal(directory: Path) -> str | None:
+    """Return why the store will not use ``directory``, or None when it would.
+
+    The store uses a directory that belongs to this user (:func:`os.geteuid`)
+    and that group and others cannot write; one that does not exist yet is
+    made so at the first save. Never raises.
+
+    Args:
+        directory: a directory, usually :func:`cache_dir`'s.
+
+    Returns:
+        A phrase such as ``"owned by uid 1001, not by this user (uid 1000)"``
+        or ``"writable by group or others (mode 777)"``; None when the store
+        would use it or it does not exist yet.
+    """
+    try:
+        return _untrusted_dir(os.stat(directory))
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        return f"cannot use it: {exc}"
+
+
+def _warn_once(where: str, reason: str) -> None:
+    with _lock:
+        first = where not in _warned
+        _warned.add(where)
+    if first:
+        LOGGER.warning(
+            "smartexec: not using the profile store %s: %s; profiles of measured callables "
+            "are neither loaded nor saved (make it yours and not writable by others, e.g. "
+            "chmod go-w, or set %s to a directory of your own)",
+            where,
+            reason,
+            CACHE_DIR_ENV,
+        )
+
+
+@contextlib.contextmanager
+def _opened(where: str) -> Iterator[int | None]:
+    """A descriptor of the directory ``where`` when the store trusts it, else None.
+
+    None too when it does not exist; an untrusted one gets one warning per
+    process (:func:`_warn_once`). Other errors (not a directory, no access)
+    are raised, for the caller's note.
+    """
+    try:
+        fd = os.open(where, _DIR_FLAGS)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        reason = _untrusted_dir(os.fstat(fd))
+        if reason is not None:
+            _warn_once(where, reason)
+        yield fd if reason is None else None
+    finally:
+        os.close(fd)
+
+
+def _read(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of the file ``name`` in ``dir_fd``, or None when the store may not trust it.
+
+    Only a regular file (the open neither follows a symlink nor waits on a
+    FIFO), of this user, not writable by group or others and of at most
+    :data:`MAX_FILE_BYTES` is read; None when it is absent or anything else.
+    """
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        why = _not_own_file(st)
+        if why is None and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = "writable by group or others"
+        if why is None and st.st_size > MAX_FILE_BYTES:
+            why = f"{st.st_size} bytes"
+        chunks: list[bytes] = []
+        size = 0
+        while why is None:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                why = f"over {MAX_FILE_BYTES} bytes"
+    finally:
+        os.close(fd)
+    LOGGER.debug("smartexec: ignoring %s in the profile store: %s", name, why)
+    return None
+
+
+def _made_by_store(data: bytes | None, name: str) -> bool:
+    """Whether ``data``, read from the file ``name``, is a profile this store wrote.
+
+    Of any format version: a JSON object whose ``key`` hashes to the file's
+    name (:func:`_file_name`), which only the store's files do.
+    """
+    if data is None:
+        return False
+    try:
+        content = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    key = content.get("key") if isinstance(content, dict) else None
+    return isinstance(key, str) and _file_name(key) == name
+
+
+def _store_files(dir_fd: int) -> list[tuple[str, str, os.stat_result]]:
+    """The files of ``dir_fd`` whose name and ``stat`` say the store may have made them.
+
+    Each as (kind, name, stat): kind ``"profile"`` (its content is still to
+    be checked: :func:`_is_own`) or ``"tmp"`` (a temporary file with the
+    store's token). Regular files of this user only; a symlink is not one.
+    """
+    found = []
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            name = entry.name
+            if _NAME.match(name):
+                kind = "profile"
+            elif _TMP_NAME.match(name):
+                kind = "tmp"
+            else:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if _not_own_file(st) is None:
+                found.append((kind, name, st))
+    return found
+
+
+def _is_own(dir_fd: int, kind: str, name: str) -> bool:
+    """Whether the file ``name`` of :func:`_store_files`'s ``kind`` is one the store made.
+
+    False when it cannot be read: a file the store cannot tell is its own stays.
+    """
+    if kind == "tmp":
+        return True
+    try:
+        return _made_by_store(_read(dir_fd, name), name)
+    except OSError as exc:
+        LOGGER.debug("smartexec: cannot read %s in the profile store: %s", name, exc)
+        return False
+
+
+def _unlink(name: str, dir_fd: int) -> bool:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
+
+
+# -- the files' content -------------------------------------------------------------
 
 
 def _number(value: Any, *, positive: bool = False) -> float:
@@ -460,16 +710,28 @@ def load(fn: Callable[..., Any]) -> StoredProfile | None:
     """Return the profile an earlier run saved for ``fn``, or None.
 
     Reads at most one small file per callable per process; later loads
-    answer from memory. Never raises.
+    answer from memory. Never raises: an error of the store is a
+    debug-level log line, and the store is then as if empty.
 
     Args:
         fn: the callable.
 
     Returns:
-        The saved :class:`StoredProfile`; None when the store is off, ``fn``
-        has no stable key, nothing was saved for it, or the file is corrupt,
-        of another format version, unreadable or older than :data:`MAX_AGE_S`.
+        The saved :class:`StoredProfile`; None when the store is off or
+        refuses its directory (see the module's docstring), ``fn`` has no
+        stable key, nothing was saved for it, or the file is corrupt, of
+        another format version, not a regular file of this user, bigger
+        than :data:`MAX_FILE_BYTES`, unreadable or older than
+        :data:`MAX_AGE_S`.
     """
+    try:
+        return _load(fn)
+    except Exception as exc:  # anything at all: the store only ever makes things faster
+        LOGGER.debug("smartexec: not loading a profile: %r", exc)
+        return None
+
+
+def _load(fn: Callable[..., Any]) -> StoredProfile | None:
     directory, where = _where()
     if directory is None:
         return None
@@ -482,14 +744,20 @@ def load(fn: Callable[..., Any]) -> StoredProfile | None:
         known = view_key in _view
         profile = _view.get(view_key)
     if not known:
-        try:
-            text = (directory / _file_name(key)).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError):
-            profile = None
-        else:
-            profile = _parse(text, key)
+        profile = _read_profile(where, key)
         _remember(view_key, profile)
     return profile if _fresh(profile, now) else None
+
+
+def _read_profile(where: str, key: str) -> StoredProfile | None:
+    """The profile of ``key`` in the directory ``where``, or None (errors are notes)."""
+    try:
+        with _opened(where) as dir_fd:
+            data = None if dir_fd is None else _read(dir_fd, _file_name(key))
+        return None if data is None else _parse(data.decode("utf-8"), key)
+    except Exception as exc:
+        LOGGER.debug("smartexec: not loading the profile of %s from %s: %r", key, where, exc)
+        return None
 
 
 def _encode(key: str, profile: StoredProfile) -> str:
@@ -508,51 +776,53 @@ def _encode(key: str, profile: StoredProfile) -> str:
     return json.dumps(data, allow_nan=False, sort_keys=True)
 
 
-def _prune(directory: Path, keep: str) -> None:
-    """Remove stale temporary files, expired entries, and the oldest beyond MAX_ENTRIES."""
+def _prune(dir_fd: int, keep: str) -> None:
+    """Remove the store's stale temporary files, expired entries, and the oldest beyond MAX_ENTRIES.
+
+    Only files the store made (:func:`_is_own`) are removed.
+    """
     now = time.time()
     entries: list[tuple[float, str]] = []
-    with os.scandir(directory) as it:
-        for entry in it:
-            try:
-                mtime = entry.stat(follow_symlinks=False).st_mtime
-            except OSError:
-                continue
-            if entry.name.startswith(_TMP_PREFIX):
-                if now - mtime > _TMP_STALE_S:
-                    _unlink(entry.path)
-            elif _NAME.match(entry.name) and entry.name != keep:
-                if now - mtime > MAX_AGE_S:
-                    _unlink(entry.path)
-                else:
-                    entries.append((mtime, entry.path))
+    for kind, name, st in _store_files(dir_fd):
+        age = now - st.st_mtime
+        if kind != "profile":
+            if age > _TMP_STALE_S and _is_own(dir_fd, kind, name):
+                _unlink(name, dir_fd)
+        elif name != keep:
+            if age <= MAX_AGE_S:
+                entries.append((st.st_mtime, name))
+            elif _is_own(dir_fd, kind, name):
+                _unlink(name, dir_fd)
     excess = len(entries) + 1 - MAX_ENTRIES
-    if excess > 0:
-        entries.sort()
-        for _, path in entries[:excess]:
-            _unlink(path)
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-    except OSError:
-        return False
-    return True
+    entries.sort()
+    for _, name in entries:
+        if excess <= 0:
+            break
+        if _is_own(dir_fd, "profile", name):
+            _unlink(name, dir_fd)
+        excess -= 1  # one removed, or one counted that was not the store's
 
 
 def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
     """Keep ``profile`` as ``fn``'s, for later runs (and later loads in this one).
 
     Never raises: when the store is off or ``fn`` has no stable key it does
-    nothing. Later loads in this process get ``profile`` at once; the file
-    is written by :func:`flush` (the map's end, an executor's shutdown,
-    interpreter exit), not here: a save comes from a running map.
+    nothing, and an error is a debug-level log line. Later loads in this
+    process get ``profile`` at once; the file is written by :func:`flush`
+    (the map's end, an executor's shutdown, interpreter exit), not here: a
+    save comes from a running map.
 
     Args:
         fn: the callable.
         profile: what its map measured.
     """
+    try:
+        _save(fn, profile)
+    except Exception as exc:  # anything at all: the store only ever makes things faster
+        LOGGER.debug("smartexec: not saving a profile: %r", exc)
+
+
+def _save(fn: Callable[..., Any], profile: StoredProfile) -> None:
     directory, where = _where()
     if directory is None:
         return
@@ -565,7 +835,8 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
     except (ValueError, TypeError) as exc:
         LOGGER.debug("smartexec: not saving a profile of %s: %s", key, exc)
         return
-    if _parse(text, key) is None:  # what a load would refuse is not kept
+    # What a load would refuse is not kept.
+    if _parse(text, key) is None or len(text.encode("utf-8")) > MAX_FILE_BYTES:
         LOGGER.debug("smartexec: not saving an invalid profile of %s: %r", key, profile)
         return
     _remember((where, key), profile)
@@ -583,15 +854,24 @@ def save(fn: Callable[..., Any], profile: StoredProfile) -> None:
 
 
 def flush() -> None:
-    """Write the profiles saved by this process since the last flush; never raises.
+    """Write the profiles saved by this process since the last flush.
 
     Called when a map that measured its callable ends, when an executor
     shuts down, and at interpreter exit (see :func:`save`); a store
     turned off since the saves (``SMARTEXEC_CACHE=0``) gets nothing. A
-    save that adds a file beyond :data:`MAX_ENTRIES` removes the oldest;
-    a directory that cannot be written turns saving off for this process
-    (one debug-level log line).
+    save that adds a file beyond :data:`MAX_ENTRIES` removes the oldest
+    of the store's files; a directory that cannot be written turns saving
+    off for this process (one debug-level log line), and one the store
+    refuses (see the module's docstring) gets nothing (one warning). Never
+    raises.
     """
+    try:
+        _flush()
+    except Exception as exc:  # anything at all: the store only ever makes things faster
+        LOGGER.debug("smartexec: not writing profiles: %r", exc)
+
+
+def _flush() -> None:
     with _flushing:  # one flush at a time: a slower one must not write older text last
         with _lock:
             if not _pending:
@@ -604,57 +884,96 @@ def flush() -> None:
             with _lock:
                 if where in _unwritable:
                     continue
-            _write(directory, where, name, text)
+            try:
+                _write(directory, where, name, text)
+            except Exception as exc:  # _write's OSErrors turn saving off; others are notes
+                LOGGER.debug("smartexec: not saving %s in %s: %r", name, where, exc)
 
 
 def _write(directory: Path, where: str, name: str, text: str) -> None:
-    target = directory / name
-    tmp: str | None = None
+    """Write one profile's file in ``directory``; an OSError turns saving there off."""
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        is_new = not target.exists()
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".json", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-        tmp = None
+        with _opened(where) as dir_fd:
+            if dir_fd is not None:
+                _write_in(dir_fd, name, text.encode("utf-8"))
+                return
+        with _lock:
+            _unwritable.add(where)  # refused: warned once by _opened
     except OSError as exc:
         with _lock:
             first = where not in _unwritable
             _unwritable.add(where)
         if first:
             LOGGER.debug("smartexec: not saving profiles in %s: %s", where, exc)
-        return
-    finally:
-        if tmp is not None:
-            _unlink(tmp)
+
+
+def _write_in(dir_fd: int, name: str, data: bytes) -> None:
+    """Write ``data`` as the file ``name`` of the directory ``dir_fd``, atomically.
+
+    Replaces only a regular file of this user (a FIFO, symlink, directory or
+    another user's file at that name stays); a new file may prune the store.
+    """
+    try:
+        why = _not_own_file(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    except FileNotFoundError:
+        is_new = True
+    else:
+        if why is not None:
+            LOGGER.debug("smartexec: not replacing %s in the profile store: %s", name, why)
+            return
+        is_new = False
+    tmp = f"{_TMP_PREFIX}{os.urandom(8).hex()}.json"
+    fd = os.open(tmp, _WRITE_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        _unlink(tmp, dir_fd)
+        raise
     if is_new:
         try:
-            _prune(directory, name)
-        except OSError:  # the profile is saved; pruning is tried again on the next new one
-            pass
-
-
-def _files(directory: Path) -> list[str]:
-    try:
-        with os.scandir(directory) as it:
-            return [e.path for e in it if _NAME.match(e.name) or e.name.startswith(_TMP_PREFIX)]
-    except OSError:
-        return []
+            _prune(dir_fd, name)
+        except Exception as exc:  # the profile is saved; pruning is tried again on the next
+            LOGGER.debug("smartexec: not pruning the profile store: %r", exc)
 
 
 def entry_count() -> int:
-    """Return how many profiles the store holds (0 when it is off or empty)."""
-    directory = cache_dir()
-    if directory is None:
+    """Return how many profiles the store holds.
+
+    Counts only files the store made (see :func:`clear`). Never raises.
+
+    Returns:
+        The number of profile files; 0 when the store is off, refuses its
+        directory, is empty or cannot be read.
+    """
+    try:
+        directory, where = _where()
+        if directory is None:
+            return 0
+        with _opened(where) as dir_fd:
+            if dir_fd is None:
+                return 0
+            return sum(
+                1
+                for kind, name, _ in _store_files(dir_fd)
+                if kind == "profile" and _is_own(dir_fd, kind, name)
+            )
+    except Exception as exc:
+        LOGGER.debug("smartexec: cannot count the stored profiles: %r", exc)
         return 0
-    return sum(1 for path in _files(directory) if _NAME.match(os.path.basename(path)))
 
 
 def clear() -> int:
     """Remove every saved profile (and forget this process's view of them).
 
-    Only the store's own files are removed: other files in the directory stay.
+    Only the store's own files are removed: a profile whose content names
+    the key its file name is the hash of, and a temporary file with the
+    store's token in its name, left over an hour ago by a writer that died.
+    Other files in the directory stay, whatever their names. Nothing is
+    removed from a directory the store refuses (see :func:`refusal`).
+    Never raises.
 
     Returns:
         The number of profile files removed (0 when the store is off).
@@ -663,13 +982,22 @@ def clear() -> int:
         _view.clear()
         _unwritable.clear()
         _pending.clear()
-    directory = cache_dir()
-    if directory is None:
-        return 0
     removed = 0
-    for path in _files(directory):
-        if _unlink(path) and _NAME.match(os.path.basename(path)):
-            removed += 1
+    try:
+        directory, where = _where()
+        if directory is None:
+            return 0
+        now = time.time()
+        with _opened(where) as dir_fd:
+            if dir_fd is None:
+                return 0
+            for kind, name, st in _store_files(dir_fd):
+                if kind != "profile" and now - st.st_mtime <= _TMP_STALE_S:
+                    continue  # a live writer's
+                if _is_own(dir_fd, kind, name) and _unlink(name, dir_fd):
+                    removed += kind == "profile"
+    except Exception as exc:
+        LOGGER.debug("smartexec: not clearing the profile store: %r", exc)
     return removed
 
 
