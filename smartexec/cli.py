@@ -136,17 +136,33 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
+    """Show (or ``--clear``) the profile store; a directory the store refuses is said, not used."""
     from . import _profiles
 
     directory = _profiles.cache_dir()
     if directory is None:
         switch = os.environ.get(_profiles.CACHE_ENV)
-        print(
-            f"the profile store is off ({_profiles.CACHE_ENV}={switch})"
-            if switch is not None
-            else f"the profile store is off: no home directory; set {_profiles.CACHE_DIR_ENV}"
-        )
+        explicit = os.environ.get(_profiles.CACHE_DIR_ENV)
+        if switch is not None and switch.strip().lower() in _profiles._OFF:
+            print(f"the profile store is off ({_profiles.CACHE_ENV}={switch})")
+        elif not _profiles._SAFE_CALLS:
+            print("the profile store is off: this platform cannot open its files safely")
+        elif explicit:
+            print(
+                f"the profile store is off: {_profiles.CACHE_DIR_ENV}={explicit!r} is no usable path"
+            )
+        else:
+            print(f"the profile store is off: no home directory; set {_profiles.CACHE_DIR_ENV}")
         return 0
+    refused = _profiles.refusal(directory)
+    if refused is not None:
+        print(
+            f"{directory}: not used ({refused}): profiles are neither loaded nor saved there; "
+            f"make it yours and not writable by others (chmod go-w), "
+            f"or set {_profiles.CACHE_DIR_ENV} to a directory of your own",
+            file=sys.stderr if args.clear else sys.stdout,
+        )
+        return 1 if args.clear else 0
     if args.clear:
         removed = _profiles.clear()
         print(f"removed {removed} profile{'' if removed == 1 else 's'} from {directory}")

@@ -344,3 +344,23 @@ def test_a_live_writers_temporary_file_stays(profile_store):
     profiles.flush()
     assert profiles.clear() == 1
     assert live.exists()
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_says_why_it_does_not_use_a_directory(profile_store, monkeypatch):
+    path = plant(profile_store)
+    os.chmod(profile_store, 0o777)
+    result = cli("cache")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{profile_store}: not used (writable by group or others")
+    result = cli("cache", "--clear")
+    assert result.returncode == 1
+    assert "not used" in result.stderr and "Traceback" not in result.stderr
+    assert path.exists()
+    monkeypatch.setenv(profiles.CACHE_DIR_ENV, "~no-such-user-of-smartexec/cache")
+    result = cli("cache")
+    assert result.returncode == 0, result.stderr
+    assert "is no usable path" in result.stdout and "Traceback" not in result.stderr
