@@ -23,6 +23,7 @@ from .errors import (
     WorkerCrashedError,
     WorkerProtocolError,
 )
+from .effects import thread_safe
 from .executor import SmartExecutor
 from .policy import Decision
 from .registry import available_backends, register_backend
@@ -31,6 +32,7 @@ from .stats import ExecutorStats
 __all__ = [
     "SmartExecutor",
     "parallel_map",
+    "thread_safe",
     "Decision",
     "ExecutorStats",
     "register_backend",

@@ -25,7 +25,7 @@ import pickle
 import sys
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -33,6 +33,7 @@ import cloudpickle
 from ._code_hint import code_hint, operator_hint
 from ._display import with_article as _a
 from ._process_local import process_local_reason
+from .effects import Effects, effects_of
 
 __all__ = [
     "CallableProfile",
@@ -148,6 +149,9 @@ class CallableProfile:
             lock, an event) or a built-in method of a mutable built-in
             object (``results.append``), which a worker process would run
             on a copy (:func:`smartexec._process_local.process_local_reason`).
+        effects: what its code may change besides its result, and so which
+            routes compute what worker processes would
+            (:func:`smartexec.effects.effects_of`).
     """
 
     kind: str
@@ -158,6 +162,7 @@ class CallableProfile:
     gil_hint: str | None = None
     code_hint: str | None = None
     in_process: str | None = None
+    effects: Effects = field(default_factory=Effects, compare=False)
 
     @property
     def state_bytes(self) -> int:
@@ -342,8 +347,7 @@ def inspect_callable(
         TypeError: ``fn`` is not callable.
     """
     profile = _inspect(fn, cap_bytes)
-    in_process = process_local_reason(fn)
-    return profile if in_process is None else dataclasses.replace(profile, in_process=in_process)
+    return dataclasses.replace(profile, in_process=process_local_reason(fn), effects=effects_of(fn))
 
 
 def _inspect(fn: Callable[..., Any], cap_bytes: int) -> CallableProfile:

@@ -1,0 +1,424 @@
+"""smartexec.effects: what a callable's code may change, one small test per shape.
+
+Each shape is right on worker processes (every call has its own copy of the
+state) and wrong on threads or in a loop in the caller, or it is safe there
+and must stay so. No process is started: the reading never runs the code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+
+import smartexec
+from smartexec.effects import Effects, effects_of, thread_safe
+
+_BUF = np.zeros(16)
+_TABLE: dict[int, int] = {}
+_BYTES = bytearray(8)
+_CONST = np.arange(16.0)
+_NAMES = ("a", "b")
+_LAST = 0
+_RNG = random.Random(0)
+_GEN = np.random.default_rng(0)
+
+
+def kinds(fn) -> set[str]:
+    return {e.kind for e in effects_of(fn).found}
+
+
+def routes(fn) -> tuple[bool, bool]:
+    e = effects_of(fn)
+    return e.allows("thread"), e.allows("inline")
+
+
+# --- shapes that write an object other calls see: off threads, fine in a loop
+
+
+def scratch_array(x):
+    _BUF[:] = x
+    time.sleep(0)
+    return float(_BUF.sum())
+
+
+def scratch_through_a_local(x):
+    buf = _BUF
+    view = buf[2:]
+    view[:] = x
+    return float(buf.sum())
+
+
+def scratch_dict(x):
+    _TABLE[0] = x
+    return _TABLE[0]
+
+
+def scratch_dict_method(x):
+    _TABLE.update({0: x})
+    return _TABLE[0]
+
+
+def scratch_bytes(x):
+    _BYTES[:4] = x.to_bytes(4, "little")
+    return hashlib.sha256(_BYTES).hexdigest()
+
+
+def global_counter(i):
+    global _LAST
+    _LAST = i
+    return _LAST * 2
+
+
+def _fill(buf, x):
+    buf[0] = x
+
+
+def through_a_helper(x):
+    _fill(_BUF, x)
+    return float(_BUF[0])
+
+
+def seeded_module_generator(i):
+    _RNG.seed(i)
+    return _RNG.random()
+
+
+def draws_from_module_generator(i):
+    return _GEN.random() + i
+
+
+def closure_over_a_list():
+    seen: list[int] = []
+
+    def add(x):
+        seen.append(x)
+        return len(seen)
+
+    return add
+
+
+class Model:
+    def __init__(self) -> None:
+        self.weights = np.ones(3)
+        self.cache: dict[int, float] = {}
+
+    def predict(self, x):
+        return float(self.weights @ x)
+
+    def remember(self, x):
+        self.cache[x] = 1.0
+        return x
+
+    def through_own_method(self, x):
+        return self._scale(x)
+
+    def _scale(self, x):
+        self.weights *= x
+        return x
+
+
+class Counter:
+    calls = 0
+
+    @classmethod
+    def count(cls, x):
+        cls.calls += 1
+        return x
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        scratch_array,
+        scratch_through_a_local,
+        scratch_dict,
+        scratch_dict_method,
+        scratch_bytes,
+        global_counter,
+        through_a_helper,
+        seeded_module_generator,
+        draws_from_module_generator,
+        closure_over_a_list(),
+        Model().remember,
+        Model().through_own_method,
+        Counter.count,
+        functools.partial(_fill, _BUF),
+    ],
+)
+def test_writes_to_shared_objects_keep_it_off_threads_only(fn):
+    assert kinds(fn) == {"shared"}, effects_of(fn)
+    assert routes(fn) == (False, True)
+
+
+def test_the_finding_names_the_object_and_its_line():
+    (effect,) = effects_of(scratch_array).found
+    assert "`_BUF`" in effect.what
+    line = scratch_array.__code__.co_firstlineno + 1
+    assert effect.where == f"test_effects.py:{line}"
+    assert "_BUF" in effects_of(scratch_array).reason("thread")
+    assert "smartexec.thread_safe" in effects_of(scratch_array).reason("thread")
+
+
+# --- process state: off threads and off the calling thread
+
+
+def changes_environ(i):
+    os.environ["SMARTEXEC_TEST_ITEM"] = str(i)
+    return os.environ["SMARTEXEC_TEST_ITEM"]
+
+
+def changes_directory(path):
+    os.chdir(path)
+    return os.getcwd()
+
+
+def seeds_random(i):
+    random.seed(i)
+    return random.random()
+
+
+def seeds_numpy(i):
+    np.random.seed(i)
+    return float(np.random.rand())
+
+
+def sets_umask(i):
+    return os.umask(i)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        changes_environ,
+        changes_directory,
+        seeds_random,
+        seeds_numpy,
+        sets_umask,
+        random.seed,
+        random.random,
+        np.random.seed,
+    ],
+)
+def test_process_state_keeps_it_off_threads_and_the_calling_thread(fn):
+    assert "process" in kinds(fn), effects_of(fn)
+    assert routes(fn) == (False, False)
+
+
+# --- writes into its arguments: off threads and off the calling thread
+
+
+def log_in_place(row):
+    np.log1p(row, out=row)
+    return float(row.sum())
+
+
+def add_in_place(row):
+    row += 1
+    return float(row.sum())
+
+
+def write_each_element(rows):
+    for row in rows:
+        row[0] = 1
+    return 0
+
+
+def sorts_its_list(items):
+    items.sort()
+    return items[0]
+
+
+def pushes_on_its_heap(heap):
+    heapq.heappush(heap, 1)
+    return heap[0]
+
+
+def writes_through_asarray(data):
+    array = np.asarray(data)
+    array[0] = 0
+    return array
+
+
+def positional_out(row):
+    np.add(row, 1, row)
+    return row
+
+
+def _write_first(a):
+    a[0] = 0
+
+
+def through_a_helper_into_its_argument(row):
+    _write_first(row)
+    return row
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        log_in_place,
+        add_in_place,
+        write_each_element,
+        sorts_its_list,
+        pushes_on_its_heap,
+        writes_through_asarray,
+        positional_out,
+        through_a_helper_into_its_argument,
+        np.copyto,
+        random.shuffle,
+    ],
+)
+def test_writes_into_arguments_keep_it_off_threads_and_the_calling_thread(fn):
+    assert "argument" in kinds(fn), effects_of(fn)
+    assert routes(fn) == (False, False)
+
+
+def test_the_argument_is_named():
+    assert any("`row`" in e.what for e in effects_of(log_in_place).found)
+
+
+# --- what cannot be read
+
+
+def calls_what_it_is_given(fn):
+    return fn(1)
+
+
+def runs_code_it_builds(text):
+    return eval(text)  # noqa: S307 - the shape under test
+
+
+@pytest.mark.parametrize("fn", [calls_what_it_is_given, runs_code_it_builds])
+def test_what_cannot_be_read_keeps_it_off_threads(fn):
+    assert kinds(fn) == {"unread"}, effects_of(fn)
+    assert routes(fn) == (False, False)
+
+
+def test_a_function_without_source_is_read_from_its_bytecode():
+    namespace: dict[str, object] = {"_BUF": _BUF}
+    exec("def scratch(x):\n    _BUF[:] = x\n    return 1\n", namespace)  # noqa: S102
+    assert not effects_of(namespace["scratch"]).allows("thread")
+    exec("def pure(x):\n    return x * 2\n", namespace)  # noqa: S102
+    assert effects_of(namespace["pure"]).allows("thread")
+
+
+# --- thread-safe work keeps its routes
+
+
+def reads_a_constant(x):
+    return float(np.einsum("i,i->", _CONST, _CONST)) + x
+
+
+def hashes_its_argument(data):
+    digest = hashlib.sha256()
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def builds_and_writes_its_own(x):
+    a = np.zeros(4)
+    a[0] = x
+    out = np.empty_like(a)
+    np.add(a, 1, out=out)
+    total = 0.0
+    for v in out:
+        total += v
+    parts = list(_NAMES)
+    parts.append("c")
+    return total, parts
+
+
+def sleeps(x):
+    time.sleep(0)
+    return x
+
+
+def local_generator(i):
+    rng = np.random.default_rng(i)
+    return float(rng.random())
+
+
+def _scaled(a, k):
+    return a * k
+
+
+def calls_a_pure_helper(x):
+    return _scaled(np.ones(3), x)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        reads_a_constant,
+        hashes_its_argument,
+        builds_and_writes_its_own,
+        sleeps,
+        local_generator,
+        calls_a_pure_helper,
+        Model().predict,
+        lambda x: x * 2,
+        np.log1p,
+        np.einsum,
+        hashlib.sha256,
+        time.sleep,
+        abs,
+        random.Random(0).random,
+    ],
+)
+def test_thread_safe_work_stays_allowed_everywhere(fn):
+    assert effects_of(fn).found == (), effects_of(fn)
+    assert routes(fn) == (True, True)
+
+
+def test_native_calls_are_trusted_and_named():
+    assert "numpy.einsum" in effects_of(reads_a_constant).trusted
+    assert "trusted" in effects_of(reads_a_constant).trust_note()
+
+
+# --- the opt-in
+
+
+def test_thread_safe_declares_a_function_and_returns_it():
+    def fill(i):
+        _TABLE[1] = i
+        return i
+
+    assert not effects_of(fill).allows("thread")
+    assert thread_safe(fill) is fill
+    assert effects_of(fill) == Effects(declared=True)
+    assert effects_of(fill).allows("thread") and effects_of(fill).allows("inline")
+    assert smartexec.thread_safe is thread_safe
+
+
+def test_thread_safe_on_a_bound_method_declares_every_objects_method():
+    class Box:
+        def put(self, x):
+            self.x = x
+
+    thread_safe(Box().put)
+    assert effects_of(Box().put).declared
+
+
+def test_thread_safe_refuses_what_takes_no_attributes():
+    with pytest.raises(TypeError, match="prefer='threads'"):
+        thread_safe(len)
+    with pytest.raises(TypeError, match="callable"):
+        thread_safe(3)  # type: ignore[arg-type]
+
+
+def test_reading_never_raises_on_odd_objects():
+    class Odd:
+        def __getattr__(self, name):
+            raise RuntimeError(name)
+
+        def __call__(self, x):
+            return x
+
+    assert isinstance(effects_of(Odd()), Effects)
