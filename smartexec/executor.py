@@ -22,7 +22,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sized
 from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
@@ -54,7 +54,15 @@ from ._mapping import (
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
-from ._submit_learning import MIN_CALLS, Learned, SubmitLearner, send_ahead
+from ._submit_learning import (
+    MIN_CALLS,
+    RECHECK_CALLS,
+    Learned,
+    SubmitLearner,
+    ThreadCalls,
+    contradiction,
+    send_ahead,
+)
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import (
@@ -83,6 +91,7 @@ from .policy import (
     Options,
     decide,
     measured_reasons,
+    permits,
     reasons_off_processes,
     stoppable,
 )
@@ -147,7 +156,16 @@ def _earlier(fn: Callable[..., Any]) -> tuple[GilProfile | None, _profiles.Store
     if measured is not None:
         return measured, None
     stored = _profiles.load(fn)
-    return (None, None) if stored is None else (stored.gil, stored)
+    if stored is None:
+        return None, None
+    if stored.from_this_process:
+        return stored.gil, stored  # another executor's evidence, as fresh as recall's
+    # An earlier run's figures may send a callable to processes, never by
+    # themselves to this process: whether an item raises, crashes a worker
+    # or kills the caller must not depend on what an earlier run stored. A
+    # move to threads is re-earned from this run's own first chunks.
+    gil = stored.gil if stored.gil is not None and stored.gil.kind == "holds" else None
+    return gil, stored
 
 
 def _from_earlier_run(decision: Decision, stored: _profiles.StoredProfile | None) -> Decision:
@@ -287,8 +305,23 @@ def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) ->
         yield item
 
 
-def _release_backends(backends: dict[str, Backend]) -> None:
-    """Shut down (without waiting) the backends of an executor that was dropped."""
+def _release_backends(
+    backends: dict[str, Backend], unsent: dict[int, tuple[ChunkStream, bool]]
+) -> None:
+    """Shut down the backends of an executor that was dropped, as ``shutdown(wait=False)`` does.
+
+    Its maps of known length still open send the rest of their input first
+    (see :meth:`SmartExecutor.shutdown`): as with the stdlib, whose ``map``
+    submits every item when called, their results stay readable.
+    """
+    for stream, send_rest in list(unsent.copy().values()):
+        stream.on_cancel = None
+        if send_rest:
+            try:
+                stream.send_rest(budgets=False)
+            except Exception:  # pragma: no cover - best effort during garbage collection
+                pass
+    unsent.clear()
     for backend in list(backends.values()):
         try:
             backend.shutdown(wait=False)
@@ -689,10 +722,13 @@ class SmartExecutor(Executor):
         self._closing_cancels = False  # a shutdown that cancels pending work began
         self._moves_closed = False
         # Submits moved to threads by their figures, taken without the lock:
-        # identity key -> (handle, verdict, backend.submit_call, stats recorder).
+        # identity key -> (handle, verdict, backend.submit_call, stats recorder,
+        # the calls a cheap verdict re-checks: ThreadCalls.calls, else ()).
         self._fast_submits: dict[
-            Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any]
+            Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any, Sized]
         ] = {}
+        # identity key -> where pool threads time its calls (_remember_fast_submit).
+        self._thread_calls: dict[Any, ThreadCalls] = {}
         self._call_recorders: dict[str, Any] = {}
         self._stats = StatsRecorder()
         # Dropped without shutdown(): let the backends go when this object
@@ -702,7 +738,7 @@ class SmartExecutor(Executor):
         # executor still referenced at exit has its pools stopped instead
         # (fork's exit hook): a forgotten shutdown() held the exit for as long
         # as its queued calls ran, depending on which exit hook ran first.
-        weakref.finalize(self, _release_backends, self._backends).atexit = False
+        weakref.finalize(self, _release_backends, self._backends, self._unsent).atexit = False
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:
@@ -846,11 +882,11 @@ class SmartExecutor(Executor):
             # A starting point only: the first chunks' figures move it (and
             # the GIL is watched again where this route measures it).
             estimate.seed(stored.per_item_s, stored.items, stored.send_s)
-            # Only items too cheap for any worker to gain on start in a
-            # loop: dearer ones that a loop won for their sending costs start
-            # on threads, whose figures (and the pickling measured afresh)
-            # may send them to processes.
-            estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
+            if stored.from_this_process:
+                # Only items too cheap for any worker to gain on start in a
+                # loop: dearer ones that a loop won for their sending costs
+                # start on threads, whose figures may send them to processes.
+                estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
         decisions = self._decisions  # the weakref callback must not hold self
@@ -913,11 +949,14 @@ class SmartExecutor(Executor):
         return nested
 
     def _where_it_ended(self, decision: Decision, stored: _profiles.StoredProfile) -> Decision:
-        """Start where an earlier run's last map ended, when that was in this process.
+        """Start where ``stored``'s last map or submits ended, within what may be trusted.
 
-        The policy reads the stored GIL kind; a callable that held the GIL
-        but was measured too cheap to send to processes ended on threads or
-        in a loop: starting on processes again would only move again.
+        An earlier run's figures only ever move a callable toward processes
+        (see :func:`_earlier`): one whose last map ended on threads or in a
+        loop here starts where the policy says, and its first chunks move
+        it again. Another executor of this process is fresh evidence: its
+        callable starts on threads where that one ended there (its effects
+        permitting).
         """
         if (
             decision.share
@@ -927,7 +966,12 @@ class SmartExecutor(Executor):
             or self._options.stoppable
         ):
             return decision
-        if stored.backend in ("thread", "inline") and decision.backend in ("fork", "loky"):
+        if (
+            stored.from_this_process
+            and stored.backend in ("thread", "inline")
+            and decision.backend in ("fork", "loky")
+            and permits(decision.profile, "thread", self._options)
+        ):
             why = (
                 "its submits' figures moved it there"
                 if stored.source == "submits"
@@ -989,7 +1033,10 @@ class SmartExecutor(Executor):
                 f'backend="fork" or backend="thread" for task_timeout'
             )
         fork_ok = self._platform.has_fork and self._options.start_method in (None, "fork")
-        target = "fork" if fork_ok and not threads else "thread"
+        threads_ok = permits(decision.profile, "thread", self._options)
+        # Fork while other threads run risks a lock copied held; threads would
+        # compute something else for this callable (its effects): fork, then.
+        target = "fork" if fork_ok and (not threads or not threads_ok) else "thread"
         return dataclasses.replace(
             decision,
             backend=target,
@@ -1096,6 +1143,8 @@ class SmartExecutor(Executor):
             An :class:`~smartexec.stats.ExecutorStats` snapshot (it does not
             change as more work runs).
         """
+        for calls in list(self._thread_calls.values()):
+            calls.fold()  # a cheap verdict's calls, not re-checked yet
         return self._stats.snapshot(self.decisions())
 
     def decisions(self) -> tuple[Decision, ...]:
@@ -1117,6 +1166,8 @@ class SmartExecutor(Executor):
         """
         if not self._learns or decision.share or decision.backend not in ("fork", "loky"):
             return decision, False
+        if not permits(decision.profile, "thread", self._options):
+            return decision, False  # its effects keep it off threads: nothing to learn
         learned = self._learner.verdict(fn)
         if learned is None:
             return decision, True
@@ -1410,13 +1461,14 @@ class SmartExecutor(Executor):
     ) -> None:
         """Let ``fn``'s next submits skip the routing: it runs on threads for good, or until a map says otherwise.
 
-        Either its submits' figures moved it to threads (a verdict stands for
-        the callable's life), or its decision is the thread route (the
-        policy's, or an earlier run's stored profile); a map that then moves
-        it elsewhere drops the shortcut (:meth:`_route_next`). Only while no
-        initializer is set (a failed one breaks the executor, which submit
-        must then report as the stdlib does) and no ``task_timeout`` (threads
-        then run chunks with a deadline). Hold the lock.
+        Either its submits' figures moved it to threads (until its calls
+        there contradict a *cheap* verdict: :meth:`_upheld`), or its decision
+        is the thread route (the policy's, or an earlier run's stored
+        profile); a map that then moves it elsewhere drops the shortcut
+        (:meth:`_route_next`). Only while no initializer is set (a failed one
+        breaks the executor, which submit must then report as the stdlib
+        does) and no ``task_timeout`` (threads then run chunks with a
+        deadline). Hold the lock.
         """
         if self._initializer is not None or self._options.stoppable:
             return
@@ -1425,9 +1477,68 @@ class SmartExecutor(Executor):
         if learned and verdict is None:
             return
         fast = self._fast_submits  # the weakref callback must not hold self
+        old = fast.get(key)
+        if old is not None and old[1] is verdict and old[0].matches(fn):
+            return  # another thread's submit remembered it
+        timed: Sized = ()
+        if verdict is not None and verdict.kind == "cheap":
+            # Its calls on threads are timed apart, for the re-check. One log
+            # per callable (the thread backend keeps a call loop per log).
+            calls = self._thread_calls.get(key)
+            if calls is None:
+                calls = self._thread_calls[key] = ThreadCalls(record)
+            calls.fold()
+            calls.recent.clear()  # an earlier verdict's calls
+            record, timed = calls, calls.calls
         handle = WeakCallable(fn, lambda: fast.pop(key, None))
         if handle.weak:  # never keep the user's object alive
-            fast[key] = (handle, verdict, run_call, record)
+            fast[key] = (handle, verdict, run_call, record, timed)
+
+    def _upheld(self, fn: Callable[..., Any], fast: tuple[Any, ...]) -> bool:
+        """Re-check ``fn``'s cheap verdict on its calls timed on threads; False: it gave way.
+
+        Called by submit's fast path once :data:`RECHECK_CALLS` calls
+        completed since the last re-check (no lock held). When
+        :func:`~smartexec._submit_learning.contradiction` says the calls now
+        cost more than a process round trip, the verdict and its figures are
+        forgotten and the shortcut dropped: this submit and the next take the
+        policy's process route and are learned from afresh.
+        """
+        learned, calls = fast[1], fast[3]
+        calls.fold()
+        if learned is None:
+            return True
+        recent = list(calls.recent)
+        median = contradiction(learned, recent)
+        if median is None:
+            return True
+        key = identity_key(fn)
+        with self._lock:
+            if self._fast_submits.get(key) is fast:
+                del self._fast_submits[key]
+            if self._learner.forget(fn, learned):
+                with self._moves_lock:
+                    cached = self._learned_decisions.pop(key, None)
+                    if cached is not None:
+                        policy = cached[1]
+                        why = learned.gave_way(median, len(recent))
+                        self._log.append(
+                            dataclasses.replace(policy, reasons=(why, *policy.reasons))
+                        )
+                # Where its submits ended, for later executors (its verdict saved "thread").
+                _profiles.save(
+                    fn,
+                    _profiles.StoredProfile(
+                        learned.backend,
+                        median,
+                        None,
+                        learned.send_s,
+                        len(recent),
+                        time.time(),
+                        source="submits",
+                    ),
+                )
+        return False
 
     def _learned_route(self, fn: Callable[..., Any]) -> Decision | None:
         """The threads decision made for ``fn`` from its submits' figures, or None.
@@ -1444,11 +1555,12 @@ class SmartExecutor(Executor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         fasts = self._fast_submits
         if fasts:
-            # On threads for good (see _remember_fast_submit): no lock of
-            # ours and no routing, nearly as cheap as a ThreadPoolExecutor's
-            # submit (the backend raises RuntimeError once shut down). A
-            # plain function's key is its id (identity_key), looked up here
-            # without calling it.
+            # On threads (see _remember_fast_submit): no lock of ours and no
+            # routing, nearly as cheap as a ThreadPoolExecutor's submit (the
+            # backend raises RuntimeError once shut down). A plain
+            # function's key is its id (identity_key), looked up here
+            # without calling it. Every RECHECK_CALLS completed calls of a
+            # cheap verdict's, the next submit re-checks it (_upheld).
             fast = fasts.get(id(fn))
             if fast is None and type(fn) is not types.FunctionType:
                 fast = fasts.get(identity_key(fn))
@@ -1456,6 +1568,7 @@ class SmartExecutor(Executor):
                 fast is not None
                 and not self._shutdown
                 and (fast[0].ref() is fn or fast[0].matches(fn))
+                and (len(fast[4]) < RECHECK_CALLS or self._upheld(fn, fast))
             ):
                 return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
@@ -1708,8 +1821,12 @@ class SmartExecutor(Executor):
         # Its last map moved to a loop here (measured too cheap to send, and
         # threads gained nothing): start there, in C-level batches re-checked
         # as they go, with no thread started nor items sent to find it again.
+        # Items of a callable whose effects would reach this thread's state
+        # (process state, its arguments) never run here (policy.permits).
+        here_ok = permits(decision.profile, "inline", self._options)
         loop_here = (
             tunable
+            and here_ok
             and estimate.loop_here
             and backend.shares_memory
             and timeout is None
@@ -1737,7 +1854,7 @@ class SmartExecutor(Executor):
         )
         stored_loop = loop_here
         loop_here = loop_here or cheap_here
-        if tunable and not loop_here and not self._allow_inline:
+        if tunable and not loop_here and not (self._allow_inline and here_ok):
             dear = (
                 not backend.shares_memory
                 and estimate.per_item_s is None
@@ -1769,12 +1886,15 @@ class SmartExecutor(Executor):
         # oversubscription.
         # Without allow_inline, no item of a process-routed callable runs here:
         # a crash must fail its item, not kill this process.
-        inline_ok = self._allow_inline or backend.shares_memory
-        gil_check = inline_ok and (
-            decision.measure or (decision.gil is not None and recheck_due(fn))
+        inline_ok = (self._allow_inline or backend.shares_memory) and here_ok
+        gil_check = (
+            inline_ok
+            and permits(decision.profile, "thread", self._options)
+            and (decision.measure or (decision.gil is not None and recheck_due(fn)))
         )
         parallel_already = (
-            backend.shares_memory
+            here_ok
+            and backend.shares_memory
             and decision.gil is not None
             and decision.gil.cores >= MANY_CORES
             and self._parallelism(backend, decision) <= 1
@@ -2007,6 +2127,7 @@ class SmartExecutor(Executor):
         gil = decision.gil
         if (
             backend.shares_memory
+            and permits(decision.profile, "inline", self._options)
             and gil is not None
             and gil.cores >= MANY_CORES
             and self._parallelism(backend, decision) <= 1
@@ -2042,6 +2163,7 @@ class SmartExecutor(Executor):
         started_at: list[Any] = []
         read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
         evidence.on_threads = backend.shares_memory and threads_cpu is not None
+        owner = weakref.ref(self)  # the stream (held by map's results) must not hold self
 
         def on_result(result: ChunkResult, calls: list[Call]) -> None:
             nonlocal settled, timed
@@ -2105,7 +2227,8 @@ class SmartExecutor(Executor):
                             evidence.idle_cores = (idle - started_at[5]) / wall
                             evidence.idle_wall_s = wall
             if evidence.ready():
-                settled = self._settle(
+                executor = owner()  # None: collected, its backends shut down
+                settled = executor is None or executor._settle(
                     fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize
                 )
             if dear and not settled and not evidence.stay_noted:
@@ -2221,11 +2344,18 @@ class SmartExecutor(Executor):
             self._note(decision, estimate, backend.name, (evidence.describe(),), measured=True)
             return True
         alternative: Decision | None = None
-        if backend.name in ("fork", "loky") and self._options.prefer != "processes":
+        profile = decision.profile
+        if (
+            backend.name in ("fork", "loky")
+            and self._options.prefer != "processes"
+            and permits(profile, "thread", self._options)
+        ):
             workers = self._max_workers or _factory("thread").default_workers(cpus)
             candidates["thread"] = (workers, 0.0)
-            candidates["inline"] = (1, 0.0)
             alternative = dataclasses.replace(decision, backend="thread", share=False)
+        if backend.name in ("fork", "loky") and self._options.prefer != "processes":
+            if permits(profile, "inline", self._options):
+                candidates["inline"] = (1, 0.0)
         elif backend.name == "thread" and self._options.prefer != "threads" and gil is not None:
             assert decision.profile is not None
             holds = dataclasses.replace(gil, kind="holds")
@@ -2246,8 +2376,9 @@ class SmartExecutor(Executor):
                 )
                 candidates[target.backend] = (workers, startup)
                 alternative = target
-        if backend.name == "thread":
+        if backend.name == "thread" and permits(profile, "inline", self._options):
             candidates["inline"] = (1, 0.0)
+        if backend.name == "thread":
             alternative = alternative or decision
         if backend.shares_memory:
             send_s = estimate.pickle_parent_s
@@ -2510,6 +2641,7 @@ class SmartExecutor(Executor):
             # fresh worker can always take it (the stream re-sends the rest,
             # as it does for a chunk stopped by its budget).
             cap: int | None = getattr(backend, "max_tasks_per_child", None)
+            stats = self._stats  # the stream (held by map's results) must not hold self
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
                 if cap is not None:
@@ -2521,7 +2653,7 @@ class SmartExecutor(Executor):
                     calls,
                     budget_s,
                     _chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
-                    self._stats,
+                    stats,
                 )
                 if on_send is not None:
                     on_send(len(calls), time.perf_counter() - start)

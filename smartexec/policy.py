@@ -10,6 +10,8 @@ The table, first match wins:
 ============================================  ==========  ==========================================
 the call                                      backend     why
 ============================================  ==========  ==========================================
+(row 0) its effects forbid threads            --          the thread rows below do not apply
+  (:func:`permits`, :mod:`smartexec.effects`)
 ``backend=`` given                            that one    the user decides
 acts on an object of this process (a queue's  thread      a process would act on a copy
   ``get``, ``results.append``)
@@ -69,7 +71,15 @@ from ._system import Platform
 from .gil import MANY_CORES, GilProfile
 from .inspection import CallableProfile, format_bytes
 
-__all__ = ["Options", "Decision", "decide", "stoppable", "BIG_STATE_BYTES", "PREFER_VALUES"]
+__all__ = [
+    "Options",
+    "Decision",
+    "decide",
+    "permits",
+    "stoppable",
+    "BIG_STATE_BYTES",
+    "PREFER_VALUES",
+]
 
 #: State bigger than this is shared with fork workers by copy-on-write rather
 #: than pickled with every chunk. At 1 MiB, pickling and piping the state costs
@@ -453,7 +463,7 @@ def stoppable(
     if options.backend is not None or options.start_method not in (None, "fork"):
         return decision
     if other_threads > 0 and not decision.share:
-        if decision.backend == "loky":
+        if decision.backend == "loky" and permits(decision.profile, "thread", options):
             why = (
                 "task_timeout is set, but fork (which could stop one task) is not safe "
                 "while other threads run: threads fail the future at the deadline "
@@ -479,6 +489,35 @@ def stoppable(
     return decision
 
 
+def permits(profile: CallableProfile | None, route: str, options: Options) -> bool:
+    """Whether ``route`` computes for ``profile``'s callable what worker processes would.
+
+    Pure. Threads (``"thread"``) and a loop in the calling thread
+    (``"inline"``) share this process; they are permitted unless the
+    callable's effects say its calls would see each other's writes or
+    change the caller (:meth:`smartexec.effects.Effects.allows`). The user
+    widens this: ``backend=`` (any route), ``prefer="threads"``, or
+    :func:`smartexec.thread_safe`. A callable that acts on an object of this
+    process (``profile.in_process``, row 1b) is permitted both: a worker
+    would act on a copy. Every other route is always permitted. Routing by
+    measurement, an earlier run's profile or a submit verdict picks the
+    fastest route among the permitted ones, never outside them.
+
+    Args:
+        profile: what the callable is, or None (nothing known: permitted).
+        route: a backend name, or ``"inline"``.
+        options: what the user asked for.
+
+    Returns:
+        True or False.
+    """
+    if route not in ("thread", "inline") or options.backend is not None or profile is None:
+        return True
+    if profile.in_process is not None or options.prefer == "threads":
+        return True
+    return profile.effects.allows(route)
+
+
 def _decide(
     profile: CallableProfile,
     platform: Platform,
@@ -487,6 +526,7 @@ def _decide(
 ) -> Decision:
     """Walk the module docstring's table for :func:`decide` (same arguments)."""
     what = _describe(profile)
+    threads_ok = permits(profile, "thread", options)
     state = profile.state
     stateful = state.nbytes > 0 or state.error is not None
     big = state.capped or state.nbytes > options.big_state_bytes
@@ -548,6 +588,7 @@ def _decide(
             )
         threads_fit = options.prefer == "threads" or (
             options.prefer != "processes"
+            and threads_ok
             and (profile.gil_hint is not None or not platform.gil_enabled)
         )
         if not threads_fit:  # the rows below send such callables to threads
@@ -568,14 +609,14 @@ def _decide(
     if options.prefer == "threads":
         return Decision("thread", ("prefer='threads' was given", what), profile=profile)
 
-    if profile.gil_hint is not None and options.prefer != "processes":
+    if profile.gil_hint is not None and options.prefer != "processes" and threads_ok:
         return Decision(
             "thread",
             (what, profile.gil_hint, "threads run it in parallel with no pickling"),
             profile=profile,
         )
 
-    if not platform.gil_enabled and options.prefer != "processes":
+    if not platform.gil_enabled and options.prefer != "processes" and threads_ok:
         return Decision(
             "thread",
             (
@@ -588,7 +629,7 @@ def _decide(
     # From here on the callable goes to processes because it may hold the GIL;
     # a measurement (unless the user said prefer="processes") can say otherwise.
     measurable = options.prefer is None
-    if measured is not None and measurable and measured.kind != "holds":
+    if measured is not None and measurable and measured.kind != "holds" and threads_ok:
         at_once = measured.at_once(platform.cpu_count)
         if measured.cores < MANY_CORES:
             how = "threads run it in parallel with no pickling"
@@ -601,22 +642,31 @@ def _decide(
         else:
             how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
         return Decision("thread", (what, str(measured), how), profile=profile, gil=measured)
-    if measured is None and measurable and profile.code_hint is not None:
+    if measured is None and measurable and profile.code_hint is not None and threads_ok:
         return Decision(
             "thread",
             (what, profile.code_hint, CODE_HINT_THREADS),
             profile=profile,
             measure=options.allow_inline,
         )
+    kept_off = profile.effects.reason("thread") if not threads_ok else None
     if options.prefer == "processes":
         gil_reason = "prefer='processes' was given"
+    elif kept_off is not None and options.prefer is None:
+        gil_reason = kept_off
     elif measured is not None:
         gil_reason = str(measured)
     elif options.allow_inline:
         gil_reason = GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES
     else:
         gil_reason = GIL_UNKNOWN + GIL_NOT_MEASURED
-    measure = measurable and measured is None and options.allow_inline
+    measure = (
+        measurable
+        and measured is None
+        and options.allow_inline
+        and threads_ok
+        and permits(profile, "inline", options)
+    )
     gil = measured if measurable else None
 
     if not profile.by_reference:

@@ -413,25 +413,25 @@ def test_the_fast_path_keeps_no_callable_alive():
         assert not ex._fast_submits  # its entry went with it
 
 
-def test_a_verdict_is_stored_and_the_next_run_submits_on_threads_at_once():
+def test_a_stored_verdict_never_starts_the_next_run_in_this_process():
+    # Issue 32: whether a call raises, crashes a worker or kills the caller
+    # must not depend on what an earlier run stored. The next run starts on
+    # the policy's process route, and its own submits' figures move it.
     with SmartExecutor() as ex:
         [ex.submit(waits, i).result(timeout=30) for i in range(12)]
         assert ex.explain(waits).backend == "thread"
-    # A new executor, as a script's next run: its first submit runs here, on a
-    # thread, the earlier run's verdict named.
     from smartexec import _profiles
 
     _profiles._RUN_ID = os.urandom(8).hex()  # what this process saved is an earlier run's
     with _profiles._lock:
         _profiles._view.clear()
     with SmartExecutor() as ex:
-        assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
+        assert ex.submit(waits, 0).result(timeout=30) != os.getpid()
         decision = ex.explain(waits)
-        assert decision.backend == "thread", str(decision)
+        assert decision.backend in ("fork", "loky"), str(decision)
         assert any("earlier run" in r for r in decision.reasons), str(decision)
-        assert any("completed submits" in r for r in decision.reasons), str(decision)
-        assert not any(r.startswith(GIL_UNKNOWN) for r in decision.reasons), str(decision)
-        assert ex._fast_submits, "a thread-routed callable's submits take the fast path"
+        [ex.submit(waits, i).result(timeout=30) for i in range(12)]
+        assert ex.explain(waits).backend == "thread"  # re-earned from this run's figures
 
 
 def test_a_verdict_of_another_executor_in_this_process_is_named_so():
