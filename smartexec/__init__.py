@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .effects import thread_safe
 from .errors import (
     BackendUnavailableError,
     InitializerError,
@@ -23,7 +24,6 @@ from .errors import (
     WorkerCrashedError,
     WorkerProtocolError,
 )
-from .effects import thread_safe
 from .executor import SmartExecutor
 from .policy import Decision
 from .registry import available_backends, register_backend
