@@ -1,0 +1,562 @@
+"""Reading one function's syntax tree for its writes and calls, following calls into the user's own code."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import inspect
+import types
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ._found import MAX_DEPTH, MAX_FUNCTIONS, Effect, Kind, is_declared
+from ._refs import (
+    MISSING,
+    NOTHING,
+    Call,
+    Ref,
+    Root,
+    bind_call,
+    dotted,
+    first_param,
+    object_ref,
+    result_ref,
+    root_ref,
+    static_attribute,
+)
+from ._source import FunctionNode, nodes_of, params_of
+from ._tables import (
+    ELEMENT_METHODS,
+    ITER_METHODS,
+    METHODS_WRITING_ARGUMENT,
+    MUTATING_METHODS,
+    PROCESS_STATE,
+    UNREADABLE_BUILTINS,
+    VIEW_METHODS,
+    WRITES_ARGUMENT,
+    global_generators,
+    is_generator,
+    is_ufunc,
+    numpy_global_random,
+    place,
+    qualified,
+    user_code,
+)
+
+# --- reading ----------------------------------------------------------------
+
+
+class Budget:
+    def __init__(self) -> None:
+        self.functions = 0
+        self.found: dict[tuple[str, str], Effect] = {}
+        self.trusted: dict[str, None] = {}
+        self.stack: list[types.CodeType] = []
+
+    def add(self, kind: Kind, what: str, where: str) -> None:
+        self.found.setdefault((kind, what), Effect(kind, what, where))
+
+
+class Scope:
+    """One function's names while it is read: what each may refer to."""
+
+    def __init__(
+        self,
+        reader: Reader,
+        fn: types.FunctionType,
+        node: FunctionNode,
+        params: dict[str, Ref],
+        known: dict[str, Any],
+        parent: Scope | None = None,
+    ):
+        self.reader, self.fn, self.node, self.parent = reader, fn, node, parent
+        self.code = fn.__code__
+        self.env: dict[str, Ref] = dict(params)
+        self.known = known  # names whose object is known (a bound method's self)
+        self.globals_declared: set[str] = set()
+        self.nonlocals: set[str] = set()
+        self.locals: set[str] = set(params_of(node))
+        self.returns = NOTHING
+        body = node.body if isinstance(node.body, list) else [node.body]
+        for sub in own_nodes(body):
+            if isinstance(sub, ast.Global):
+                self.globals_declared.update(sub.names)
+            elif isinstance(sub, ast.Nonlocal):
+                self.nonlocals.update(sub.names)
+            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                self.locals.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.locals.add(sub.name)
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                self.locals.update((a.asname or a.name).split(".")[0] for a in sub.names)
+            elif isinstance(sub, ast.ExceptHandler) and sub.name:
+                self.locals.add(sub.name)
+        self.locals -= self.globals_declared | self.nonlocals
+        self.cells: dict[str, Any] = {}
+        for name, cell in zip(self.code.co_freevars, fn.__closure__ or ()):
+            try:
+                self.cells[name] = cell.cell_contents
+            except ValueError:
+                self.cells[name] = MISSING
+
+    # -- names and values
+
+    def lookup(self, name: str) -> Ref:
+        if name in self.locals:
+            return self.env.get(name, NOTHING)
+        if self.parent is not None and name not in self.globals_declared:
+            return self.parent.lookup(name)
+        if name in self.cells:
+            value = self.cells[name]
+            if value is MISSING:
+                return root_ref(Root("shared", f"closure variable `{name}`"))
+            return object_ref(value, f"closure variable `{name}`")
+        value = self.global_value(name)
+        if value is MISSING:
+            return NOTHING
+        return object_ref(value, f"module-level `{name}`")
+
+    def global_value(self, name: str) -> Any:
+        if name in self.cells:
+            return self.cells[name]
+        namespace = self.fn.__globals__
+        if name in namespace:
+            return namespace[name]
+        spaces = namespace.get("__builtins__", builtins)
+        spaces = vars(spaces) if isinstance(spaces, types.ModuleType) else spaces
+        return spaces.get(name, MISSING) if isinstance(spaces, dict) else MISSING
+
+    def value(self, expr: ast.expr) -> Any:
+        """The object ``expr`` names, found by dictionary lookups only, or MISSING."""
+        if isinstance(expr, ast.Name):
+            if expr.id in self.known:
+                return self.known[expr.id]
+            if expr.id in self.locals:
+                return MISSING
+            if self.parent is not None and expr.id not in self.globals_declared:
+                return self.parent.value(expr)
+            return self.global_value(expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = self.value(expr.value)
+            if owner is MISSING:
+                return MISSING
+            return static_attribute(owner, expr.attr)
+        return MISSING
+
+    def bind(self, name: str, ref: Ref) -> None:
+        if name in self.locals:
+            old = self.env.get(name, NOTHING)
+            self.env[name] = old | ref
+        elif self.parent is not None and name in self.nonlocals:
+            self.parent.bind(name, ref)
+
+
+def own_nodes(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """The nodes of ``body``, not descending into nested functions, lambdas or classes."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+class Reader:
+    """Reads functions for effects, into one :class:`Budget`."""
+
+    def __init__(self) -> None:
+        self.budget = Budget()
+
+    def effects(self) -> tuple[tuple[Effect, ...], tuple[str, ...]]:
+        return tuple(self.budget.found.values()), tuple(self.budget.trusted)
+
+    def unread(self, what: str, where: str = "") -> None:
+        self.budget.add("unread", what, where)
+
+    def write(self, ref: Ref, how: str, where: str) -> None:
+        """Record a write through a reference: into an argument, a shared object, the process."""
+        for root in sorted(ref.direct, key=lambda r: (r.kind, r.label)):
+            if root.kind == "argument":
+                self.budget.add("argument", f"writes into its argument {root.label}{how}", where)
+            elif root.kind == "process":
+                self.budget.add("process", f"changes {root.label}{how}", where)
+            else:
+                self.budget.add("shared", f"writes {root.label}{how}", where)
+
+    def function(
+        self,
+        fn: types.FunctionType,
+        call: Call,
+        known: dict[str, Any] | None = None,
+        self_ref: Ref | None = None,
+    ) -> Ref:
+        """Read ``fn`` called with ``call``'s references; returns what its result may refer to."""
+        code = fn.__code__
+        if is_declared(fn) or not user_code(code):
+            return NOTHING
+        if code in self.budget.stack:
+            return NOTHING  # recursion: read once
+        if len(self.budget.stack) >= MAX_DEPTH or self.budget.functions >= MAX_FUNCTIONS:
+            self.unread(f"calls {fn.__qualname__}, past what is read", "")
+            return NOTHING
+        nodes = nodes_of(fn)
+        if nodes is None:
+            return self.bytecode(fn)
+        self.budget.functions += 1
+        self.budget.stack.append(code)
+        try:
+            result = NOTHING
+            for node in nodes:
+                params = bind_call(fn, node, call, self_ref)
+                scope = Scope(self, fn, node, params, known or {})
+                FunctionReader(scope).read()
+                result = result | scope.returns
+            return result
+        finally:
+            self.budget.stack.pop()
+
+    def bytecode(self, fn: types.FunctionType) -> Ref:
+        """Read a function whose source is not found: any write into an object is unread."""
+        from dis import get_instructions
+
+        code = fn.__code__
+        for sub in codes(code):
+            for ins in get_instructions(sub):
+                positions = getattr(ins, "positions", None)
+                line = positions.lineno if positions is not None else None
+                where = place(sub, line or sub.co_firstlineno)
+                if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                    self.budget.add("shared", f"rebinds module-level `{ins.argval}`", where)
+                elif ins.opname == "STORE_DEREF" and ins.argval in sub.co_freevars:
+                    self.budget.add("shared", f"rebinds closure variable `{ins.argval}`", where)
+                elif ins.opname in OBJECT_WRITES or (
+                    ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MUTATING_METHODS
+                ):
+                    self.unread(f"{fn.__qualname__} writes into an object; no source to say which")
+        return root_ref(Root("shared", f"what {fn.__qualname__} returns"))
+
+
+OBJECT_WRITES = frozenset(
+    {"STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR", "STORE_SLICE"}
+)
+
+
+def codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from codes(const)
+
+
+class FunctionReader:
+    """Walks one function's body: binds names to references, then records its writes and calls."""
+
+    #: Passes over the body to let names settle (``a = b`` before ``b = arg``).
+    PASSES = 3
+
+    def __init__(self, scope: Scope):
+        self.scope = scope
+        self.record = False
+
+    def read(self) -> None:
+        node = self.scope.node
+        body: list[ast.AST] = list(node.body) if isinstance(node.body, list) else [node.body]
+        for _ in range(self.PASSES):
+            before = dict(self.scope.env)
+            for stmt in body:
+                self.visit(stmt)
+            if before == self.scope.env:
+                break
+        self.record = True
+        for stmt in body:
+            self.visit(stmt)
+        if isinstance(node, ast.Lambda):
+            self.scope.returns = self.ref(node.body)
+
+    def where(self, node: ast.AST) -> str:
+        return place(self.scope.code, getattr(node, "lineno", self.scope.code.co_firstlineno))
+
+    # -- statements
+
+    def visit(self, node: ast.AST) -> None:
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is not None:
+            method(node)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            self.nested(node)
+            return
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                self.ref(child)
+            else:
+                self.visit(child)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        ref = self.ref(node.value)
+        for target in node.targets:
+            self.store(target, ref, node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.store(node.target, self.ref(node.value), node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.ref(node.value)
+        target = node.target
+        if isinstance(target, ast.Name):
+            # In place on a mutable object (a list, an array): the object it names.
+            self.write(self.scope.lookup(target.id), " in place", node)
+            self.store(target, NOTHING, node)
+        else:
+            self.store(target, NOTHING, node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self.store(target, NOTHING, node)
+
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
+        self.store(node.target, self.ref(node.iter).element(), node)
+        for stmt in (*node.body, *node.orelse):
+            self.visit(stmt)
+
+    visit_AsyncFor = visit_For
+
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
+        for item in node.items:
+            ref = self.ref(item.context_expr)
+            if item.optional_vars is not None:
+                self.store(item.optional_vars, ref, node)
+        for stmt in node.body:
+            self.visit(stmt)
+
+    visit_AsyncWith = visit_With
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None:
+            self.scope.returns = self.scope.returns | self.ref(node.value)
+
+    def visit_Global(self, node: ast.Global) -> None:
+        return None
+
+    def nested(self, node: ast.AST) -> None:
+        """A nested function or class: its body is read as if it ran (its names see ours)."""
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                self.visit(stmt)
+            return
+        assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for default in (*node.args.defaults, *(d for d in node.args.kw_defaults if d)):
+            self.ref(default)
+        if self.record:
+            inner = Scope(self.scope.reader, self.scope.fn, node, {}, {}, parent=self.scope)
+            inner.cells = {}
+            FunctionReader(inner).read()
+        if not isinstance(node, ast.Lambda):
+            self.scope.bind(node.name, NOTHING)
+
+    # -- stores and writes
+
+    def store(self, target: ast.expr, ref: Ref, node: ast.AST) -> None:
+        scope = self.scope
+        if isinstance(target, ast.Name):
+            if target.id in scope.globals_declared:
+                if self.record:
+                    scope.reader.budget.add(
+                        "shared", f"rebinds module-level `{target.id}`", self.where(node)
+                    )
+            elif target.id in scope.nonlocals and scope.parent is None:
+                if self.record:
+                    scope.reader.budget.add(
+                        "shared", f"rebinds closure variable `{target.id}`", self.where(node)
+                    )
+            else:
+                scope.bind(target.id, ref)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                self.store(elt, ref.element(), node)
+        elif isinstance(target, ast.Starred):
+            self.store(target.value, ref.holding(), node)
+        elif isinstance(target, (ast.Attribute, ast.Subscript)):
+            if isinstance(target, ast.Subscript):
+                self.ref(target.slice)
+            owner = self.ref(target.value)
+            self.write(owner, "", node)
+
+    def write(self, ref: Ref, how: str, node: ast.AST) -> None:
+        if self.record:
+            self.scope.reader.write(ref, how, self.where(node))
+
+    # -- expressions
+
+    def ref(self, expr: ast.expr) -> Ref:
+        """What ``expr``'s value may refer to; records the writes and calls in it."""
+        scope = self.scope
+        if isinstance(expr, ast.Name):
+            return scope.lookup(expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = scope.value(expr.value)
+            if isinstance(owner, types.ModuleType):
+                value = static_attribute(owner, expr.attr)
+                if value is not MISSING:
+                    return object_ref(value, f"module-level `{dotted(expr)}`")
+            return self.ref(expr.value).element()
+        if isinstance(expr, ast.Subscript):
+            self.ref(expr.slice)
+            return self.ref(expr.value).element()
+        if isinstance(expr, ast.Starred):
+            return self.ref(expr.value)
+        if isinstance(expr, ast.NamedExpr):
+            ref = self.ref(expr.value)
+            self.store(expr.target, ref, expr)
+            return ref
+        if isinstance(expr, ast.Call):
+            return self.call(expr)
+        if isinstance(expr, (ast.IfExp, ast.BoolOp)):
+            parts = [expr.body, expr.orelse] if isinstance(expr, ast.IfExp) else expr.values
+            if isinstance(expr, ast.IfExp):
+                self.ref(expr.test)
+            return functools.reduce(Ref.__or__, (self.ref(p) for p in parts), NOTHING)
+        if isinstance(expr, ast.Tuple):
+            refs = [self.ref(e) for e in expr.elts]
+            return functools.reduce(Ref.__or__, refs, NOTHING).holding()
+        if isinstance(expr, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for gen in expr.generators:
+                self.store(gen.target, self.ref(gen.iter).element(), expr)
+                for cond in gen.ifs:
+                    self.ref(cond)
+            parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
+            refs = [self.ref(p) for p in parts]
+            return functools.reduce(Ref.__or__, refs, NOTHING).holding()
+        if isinstance(expr, ast.Lambda):
+            self.nested(expr)
+            return NOTHING
+        for child in ast.iter_child_nodes(expr):
+            if isinstance(child, ast.expr):
+                self.ref(child)
+            elif isinstance(child, ast.AST):
+                self.visit(child)
+        return NOTHING
+
+    def call(self, node: ast.Call) -> Ref:
+        call = Call()
+        for arg in node.args:
+            if isinstance(arg, ast.Starred):
+                call.spread = call.spread | self.ref(arg.value).element()
+            else:
+                call.args.append(self.ref(arg))
+        for kw in node.keywords:
+            if kw.arg is None:
+                call.spread = call.spread | self.ref(kw.value).element()
+            else:
+                call.keywords[kw.arg] = self.ref(kw.value)
+        if "out" in call.keywords:
+            self.write(call.keywords["out"].element() | call.keywords["out"], " (out=)", node)
+        callee = self.scope.value(node.func)
+        if callee is not MISSING:
+            return self.known_call(callee, call, node)
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            receiver = self.ref(func.value)
+            if is_generator(self.scope.value(func.value)):
+                self.write(receiver, f" (draws from it: `{dotted(func)}`)", node)
+            return self.method_call(func.attr, receiver, call, node)
+        target = self.ref(func)
+        if self.record:
+            what = dotted(func) or "a callable it computes"
+            if target.direct or isinstance(func, ast.Name):
+                self.scope.reader.unread(
+                    f"calls `{what}`, which it cannot see into", self.where(node)
+                )
+            else:
+                self.scope.reader.unread(
+                    f"calls {what}, which it cannot see into", self.where(node)
+                )
+        return NOTHING
+
+    def method_call(self, name: str, receiver: Ref, call: Call, node: ast.Call) -> Ref:
+        if name in MUTATING_METHODS:
+            self.write(receiver, f" (.{name}())", node)
+        if name in METHODS_WRITING_ARGUMENT and call.args:
+            self.write(call.args[0], f" (.{name}())", node)
+        if name in VIEW_METHODS:
+            return receiver
+        if name in ELEMENT_METHODS:
+            return receiver.element()
+        if name in ITER_METHODS:
+            return receiver.holding()
+        return NOTHING
+
+    def known_call(self, callee: Any, call: Call, node: ast.Call) -> Ref:
+        """A call of an object found by lookups: the tables, or its code read in turn."""
+        reader = self.scope.reader
+        if not self.record:
+            return result_ref(callee, call)
+        where = self.where(node)
+        name = dotted(node.func)
+        if is_declared(callee):
+            return result_ref(callee, call)
+        owner = getattr(callee, "__self__", None)
+        generators = global_generators()
+        if owner is not None and id(owner) in generators and not isinstance(owner, type):
+            reader.budget.add(
+                "process",
+                f"uses the process's global {generators[id(owner)]} generator (`{name}`)",
+                where,
+            )
+        elif is_generator(owner) and isinstance(node.func, ast.Attribute):
+            self.write(self.ref(node.func.value), f" (draws from it: `{name}`)", node)
+        module, fname = qualified(callee)
+        if fname in PROCESS_STATE.get(module, ()) or numpy_global_random(callee, module):
+            reader.budget.add("process", f"changes process state (`{name}`)", where)
+        if fname in UNREADABLE_BUILTINS and module == "builtins":
+            reader.unread(f"runs code it builds (`{name}`)", where)
+        position = WRITES_ARGUMENT.get((module, fname))
+        if position is not None and position < len(call.args):
+            self.write(call.args[position], f" (`{name}`)", node)
+        if isinstance(callee, types.MethodType) and isinstance(callee.__func__, types.FunctionType):
+            self_ref = (
+                self.ref(node.func.value) if isinstance(node.func, ast.Attribute) else NOTHING
+            )
+            return reader.function(
+                callee.__func__, call, {first_param(callee.__func__): owner}, self_ref
+            )
+        if isinstance(callee, types.FunctionType):
+            return reader.function(callee, call)
+        if isinstance(callee, type):
+            init = inspect.getattr_static(callee, "__init__", None)
+            if isinstance(init, types.FunctionType):
+                reader.function(init, call, None, NOTHING)
+            return NOTHING
+        if isinstance(callee, functools.partial):
+            return NOTHING
+        if is_ufunc(callee):
+            nin = int(getattr(callee, "nin", 1))
+            for out in call.args[nin:]:
+                self.write(out, f" (`{name}` out)", node)
+        if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+            # A built-in method bound at module level (`_add = _SEEN.add`).
+            if id(owner) in generators or is_ufunc(owner):
+                return NOTHING
+            receiver = object_ref(owner, f"the object `{name}` is bound to")
+            return self.method_call(getattr(callee, "__name__", ""), receiver, call, node)
+        if isinstance(callee, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            if getattr(callee, "__name__", "") in MUTATING_METHODS and call.args:
+                self.write(call.args[0], f" (`{name}`)", node)
+            return NOTHING
+        if (
+            callable(callee)
+            and not isinstance(callee, types.BuiltinFunctionType)
+            and not is_ufunc(callee)
+        ):
+            call_method = inspect.getattr_static(type(callee), "__call__", None)
+            if isinstance(call_method, types.FunctionType) and user_code(call_method.__code__):
+                receiver = object_ref(callee, f"module-level `{name}`")
+                return reader.function(
+                    call_method, call, {first_param(call_method): callee}, receiver
+                )
+        if fname and module not in ("builtins",):
+            reader.budget.trusted.setdefault(f"{module}.{fname}" if module else fname, None)
+        return result_ref(callee, call)
