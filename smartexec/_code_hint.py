@@ -21,10 +21,12 @@ lookups: nothing is imported, called, or looked up through ``__getattr__``.
 A jump (a loop, or a branch: ``if retry: time.sleep(1)`` beside the real
 work), nested code (a comprehension before Python 3.12, an inner
 function), a generator or coroutine, or code over :data:`MAX_CODE_BYTES`
-give no hint: their time may go anywhere. Nor does code that reaches what
-acts on the whole process (``os._exit``, ``os.kill``, ``sys.exit``,
-``faulthandler``, ``ctypes``, ``signal``): on a thread it would end,
-signal or crash this process, where in a worker it fails one item.
+give no hint: their time may go anywhere.
+
+These readings say where the time goes, never whether threads are safe:
+that is :mod:`smartexec.effects`' one job (a ``global`` statement, a seeded
+global generator, ``os._exit``, ``ctypes``: the policy keeps such code off
+threads whatever its hint, :func:`smartexec.policy.permits`).
 """
 
 from __future__ import annotations
@@ -60,56 +62,9 @@ _NOT_PLAIN = (
 
 _NUMPY = "numpy computes on arrays without the GIL"
 
-#: Code that reaches any of these gives no hint, whatever else it calls: on
-#: threads it would act on this process (end it, signal it, crash it through
-#: raw memory access) where a worker process only fails its item.
-_PROCESS_WIDE = {
-    "os": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
-    "posix": frozenset({"_exit", "abort", "kill", "killpg", "fork", "forkpty", "execv", "execve"}),
-    "sys": frozenset({"exit"}),
-    # what runs or reaches code the bytecode does not show
-    "builtins": frozenset(
-        {"exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals"}
-        | {"vars", "locals", "breakpoint", "input"}
-    ),
-}
-#: Modules (and their submodules) that give no hint: raw memory access that
-#: can crash the process (ctypes, numpy's as_strided and ctypeslib), signals,
-#: and shared global state that threads would interleave (the random
-#: modules' global generators: ``np.random.seed(i)`` then ``np.random.rand()``
-#: on six threads gave 100 of 100 results unlike a loop's).
-_PROCESS_WIDE_MODULES = (
-    "faulthandler",
-    "ctypes",
-    "_ctypes",
-    "signal",
-    "_signal",
-    "random",
-    "_random",
-    "numpy.random",
-    "numpy.lib.stride_tricks",
-    "numpy.lib._stride_tricks_impl",
-    "numpy.ctypeslib",
-)
-
 #: Types of numpy's callables that the numpy hint covers (not, e.g.,
 #: ``np.vectorize``, whose calls run a Python function).
 _NUMPY_CALLABLES = frozenset({"ufunc", "_ArrayFunctionDispatcher"})
-
-
-def _process_wide(obj: Any) -> bool:
-    """Whether ``obj`` is a module or function of :data:`_PROCESS_WIDE` (lookups only)."""
-    from .inspection import attribute
-
-    if isinstance(obj, types.ModuleType):
-        module, name = obj.__name__, None
-    else:
-        module, name = attribute(obj, "__module__"), attribute(obj, "__name__")
-    if not isinstance(module, str):
-        return False
-    if any(module == m or module.startswith(m + ".") for m in _PROCESS_WIDE_MODULES):
-        return True
-    return name is not None and name in _PROCESS_WIDE.get(module, ())
 
 
 def _release_hint(obj: Any) -> str | None:
@@ -175,8 +130,6 @@ def code_hint(fn: Any) -> str | None:
     except Exception:  # noqa: BLE001 - odd code objects give no hint
         return None
     for ins in instructions:
-        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_DEREF"):
-            return None  # state shared with the caller on threads, per worker on processes
         if ins.opcode in _JUMPS or ins.opname == "FOR_ITER":
             # A loop (its time may go anywhere), or a branch: the call may be
             # the rare path (a retry's back-off sleep beside the real work).
@@ -203,8 +156,6 @@ def code_hint(fn: Any) -> str | None:
             continue
         if current is _NOT_FOUND:
             return None  # a global not defined yet: it could be anything
-        if _process_wide(current):
-            return None
         hint = _release_hint(current)
         if hint is None and not _plain_c(current):
             # Python code of its own (a helper of the user's), or a wrapper

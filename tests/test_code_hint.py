@@ -18,6 +18,7 @@ from time import sleep
 import pytest
 
 from smartexec._code_hint import MAX_CODE_BYTES, arithmetic_only, code_hint, small_numbers
+from smartexec.effects import effects_of
 from smartexec.inspection import inspect_callable
 
 
@@ -156,9 +157,11 @@ def test_loops_branches_nested_code_and_plain_work_give_no_hint(fn):
 
 
 @pytest.mark.parametrize("fn", [crashes, exits, kills, raw_memory, system_exit])
-def test_code_that_acts_on_the_whole_process_gets_no_hint(fn):
-    # On a thread it would crash, end or signal this process.
-    assert code_hint(fn) is None
+def test_code_that_acts_on_the_whole_process_never_runs_on_threads(fn):
+    # On a thread it would crash, end or signal this process: its effects
+    # keep it off threads, whatever the hint says of its time.
+    assert not effects_of(fn).allows("thread")
+    assert _route(fn) != "thread"
 
 
 def calls_a_helper(n):
@@ -384,16 +387,19 @@ except ImportError:  # pragma: no cover - numpy is a dependency
     as_strided = None
 
 
-@pytest.mark.parametrize(
-    "fn", [_through_a_partial, _through_exec, _through_a_cached_helper, _strided]
-)
-def test_wrappers_exec_and_memory_unsafe_numpy_give_no_hint(fn):
+def test_a_cached_helper_gives_no_hint():
+    assert code_hint(_through_a_cached_helper) is None  # its time may go anywhere
+
+
+@pytest.mark.parametrize("fn", [_through_a_partial, _through_exec, _strided])
+def test_wrappers_exec_and_memory_unsafe_numpy_never_run_on_threads(fn):
     # On threads, a partial of os._exit ended this process, and as_strided
     # past the end of its array crashed it.
-    assert code_hint(fn) is None
+    assert not effects_of(fn).allows("thread")
+    assert _route(fn) != "thread"
 
 
-def test_numpy_global_random_state_gives_no_hint():
+def test_numpy_global_random_state_never_runs_on_threads():
     # np.random.seed(i) then np.random.rand() on six threads: 100 of 100
     # results unlike a loop's.
     np = pytest.importorskip("numpy")
@@ -402,8 +408,8 @@ def test_numpy_global_random_state_gives_no_hint():
         "def seeded(i):\n    np.random.seed(i)\n    return float(np.sort(np.random.rand(10))[0])\n",
         namespace,
     )
-    assert code_hint(namespace["seeded"]) is None
-    assert code_hint(namespace["seeded"]) is None  # np.random loaded now, still none
+    assert not effects_of(namespace["seeded"]).allows("thread")
+    assert _route(namespace["seeded"]) != "thread"
 
 
 def test_a_module_attribute_not_loaded_yet_gives_no_hint():
@@ -438,6 +444,14 @@ def _sets_a_global(x):
     time.sleep(0)
 
 
-def test_a_global_statement_gives_no_hint():
+def test_a_global_statement_never_runs_on_threads():
     # On threads the caller would see the writes; each worker keeps its own.
-    assert code_hint(_sets_a_global) is None
+    assert not effects_of(_sets_a_global).allows("thread")
+    assert _route(_sets_a_global) != "thread"
+
+
+def _route(fn):
+    from smartexec._system import current_platform
+    from smartexec.policy import Options, decide
+
+    return decide(inspect_callable(fn), current_platform(), Options()).backend

@@ -422,3 +422,25 @@ def test_reading_never_raises_on_odd_objects():
             return x
 
     assert isinstance(effects_of(Odd()), Effects)
+
+
+_exit_now = functools.partial(os._exit, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_writer(x):
+    _TABLE[2] = x
+    return x
+
+
+def through_a_partial_of_exit(x):
+    _exit_now()
+
+
+def through_a_cached_writer(x):
+    return _cached_writer(x)
+
+
+def test_partials_and_cached_wrappers_are_read_through():
+    assert "process" in kinds(through_a_partial_of_exit)
+    assert kinds(through_a_cached_writer) == {"shared"}

@@ -14,13 +14,12 @@ from ._refs import NOTHING, Call, Ref, argument_ref, first_param, mapped_call, o
 from ._tables import (
     METHODS_WRITING_ARGUMENT,
     MUTATING_METHODS,
-    PROCESS_STATE,
     WRITES_ARGUMENT,
     global_generators,
     is_generator,
     is_ufunc,
-    numpy_global_random,
     qualified,
+    table_effect,
 )
 
 # --- the entry point ----------------------------------------------------------
@@ -123,8 +122,9 @@ def read_builtin(reader: Reader, fn: Any, owner: Any, receiver: Ref) -> None:
             "process", f"uses the process's global {generators[id(owner)]} generator (`{name}`)", ""
         )
         return
-    if name in PROCESS_STATE.get(module, ()) or numpy_global_random(fn, module):
-        reader.budget.add("process", f"changes process state (`{module}.{name}`)", "")
+    found = table_effect(fn, module, name)
+    if found is not None:
+        reader.budget.add(found[0], found[1], "")
     if (module, name) in WRITES_ARGUMENT or name in METHODS_WRITING_ARGUMENT and owner is not None:
         reader.write(argument_ref(), f" (`{name}`)", "")
     if name in MUTATING_METHODS and owner is not None and not isinstance(owner, types.ModuleType):

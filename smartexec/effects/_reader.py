@@ -31,16 +31,14 @@ from ._tables import (
     ITER_METHODS,
     METHODS_WRITING_ARGUMENT,
     MUTATING_METHODS,
-    PROCESS_STATE,
-    UNREADABLE_BUILTINS,
     VIEW_METHODS,
     WRITES_ARGUMENT,
     global_generators,
     is_generator,
     is_ufunc,
-    numpy_global_random,
     place,
     qualified,
+    table_effect,
     user_code,
 )
 
@@ -509,10 +507,9 @@ class FunctionReader:
         elif is_generator(owner) and isinstance(node.func, ast.Attribute):
             self.write(self.ref(node.func.value), f" (draws from it: `{name}`)", node)
         module, fname = qualified(callee)
-        if fname in PROCESS_STATE.get(module, ()) or numpy_global_random(callee, module):
-            reader.budget.add("process", f"changes process state (`{name}`)", where)
-        if fname in UNREADABLE_BUILTINS and module == "builtins":
-            reader.unread(f"runs code it builds (`{name}`)", where)
+        found = table_effect(callee, module, fname)
+        if found is not None:
+            reader.budget.add(found[0], found[1], where)
         position = WRITES_ARGUMENT.get((module, fname))
         if position is not None and position < len(call.args):
             self.write(call.args[position], f" (`{name}`)", node)
@@ -531,7 +528,16 @@ class FunctionReader:
                 reader.function(init, call, None, NOTHING)
             return NOTHING
         if isinstance(callee, functools.partial):
-            return NOTHING
+            bound = [object_ref(a, "an argument bound in the partial") for a in callee.args]
+            inner = Call(bound + call.args, dict(call.keywords), call.spread)
+            return self.known_call(callee.func, inner, node)
+        wrapped = inspect.getattr_static(callee, "__wrapped__", None)
+        if (
+            isinstance(wrapped, types.FunctionType)
+            and not isinstance(callee, types.FunctionType)
+            and user_code(wrapped.__code__)
+        ):
+            return reader.function(wrapped, call)  # the user's code in an lru_cache or kin
         if is_ufunc(callee):
             nin = int(getattr(callee, "nin", 1))
             for out in call.args[nin:]:

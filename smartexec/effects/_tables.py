@@ -10,6 +10,8 @@ import sysconfig
 import types
 from typing import Any
 
+from ._found import Kind
+
 # --- the tables --------------------------------------------------------------
 
 #: Functions that change state of the whole process, by module.
@@ -49,6 +51,42 @@ PROCESS_STATE: dict[str, frozenset[str]] = {
     "numpy": frozenset({"seterr", "seterrcall", "set_printoptions", "setbufsize"}),
     "ctypes": frozenset({"memmove", "memset"}),
 }
+
+#: Modules every function of which acts on the whole process.
+PROCESS_MODULES = ("faulthandler", "signal", "_signal")
+#: Modules that reach raw memory: what their calls write cannot be read.
+RAW_MEMORY_MODULES = (
+    "ctypes",
+    "_ctypes",
+    "numpy.ctypeslib",
+    "numpy.lib.stride_tricks",
+    "numpy.lib._stride_tricks_impl",
+)
+
+
+def _in_modules(module: str, modules: tuple[str, ...]) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in modules)
+
+
+def table_effect(obj: Any, module: str, name: str) -> tuple[Kind, str] | None:
+    """What the tables say calling ``obj`` (``module.name``) does: ``(kind, what)``, or None.
+
+    Kinds as :class:`~smartexec.effects.Effect`'s: ``"process"`` for
+    :data:`PROCESS_STATE`, :data:`PROCESS_MODULES` and the legacy
+    ``numpy.random`` functions; ``"unread"`` for :data:`RAW_MEMORY_MODULES`
+    and the builtins that run code they build.
+    """
+    dotted = f"{module}.{name}" if module else name
+    if name in PROCESS_STATE.get(module, ()) or numpy_global_random(obj, module):
+        return "process", f"changes process state (`{dotted}`)"
+    if _in_modules(module, PROCESS_MODULES):
+        return "process", f"acts on the whole process (`{dotted}`)"
+    if _in_modules(module, RAW_MEMORY_MODULES):
+        return "unread", f"reaches raw memory (`{dotted}`)"
+    if module == "builtins" and name in UNREADABLE_BUILTINS:
+        return "unread", f"runs code it builds (`{dotted}`)"
+    return None
+
 
 #: Functions that write into an argument, by (module, name): the argument's position.
 WRITES_ARGUMENT: dict[tuple[str, str], int] = {
