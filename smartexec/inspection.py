@@ -32,7 +32,6 @@ import cloudpickle
 
 from ._code_hint import code_hint, operator_hint
 from ._display import with_article as _a
-from ._process_local import process_local_reason
 from .effects import Effects, effects_of
 
 __all__ = [
@@ -148,7 +147,7 @@ class CallableProfile:
             a method of an object this process's threads share (a queue, a
             lock, an event) or a built-in method of a mutable built-in
             object (``results.append``), which a worker process would run
-            on a copy (:func:`smartexec._process_local.process_local_reason`).
+            on a copy (:attr:`smartexec.effects.Effects.in_process`).
         effects: what its code may change besides its result, and so which
             routes compute what worker processes would
             (:func:`smartexec.effects.effects_of`).
@@ -346,8 +345,10 @@ def inspect_callable(
     Raises:
         TypeError: ``fn`` is not callable.
     """
-    profile = _inspect(fn, cap_bytes)
-    return dataclasses.replace(profile, in_process=process_local_reason(fn), effects=effects_of(fn))
+    effects = effects_of(fn)
+    return dataclasses.replace(
+        _inspect(fn, cap_bytes), in_process=effects.in_process, effects=effects
+    )
 
 
 def _inspect(fn: Callable[..., Any], cap_bytes: int) -> CallableProfile:

@@ -47,9 +47,9 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
     ) from exc
 
 from ._identity import identity_key
-from ._process_local import process_local_reason
 from ._remote import Call, ChunkResult
 from ._system import current_platform
+from .effects import process_local_reason
 from .executor import SmartExecutor
 from .inspection import callable_name
 from .policy import Decision
@@ -207,7 +207,7 @@ def _split(batch: Any) -> tuple[Callable[..., Any], str, list[tuple[Any, Any, An
         item (:func:`alike`), routed on the first; ``"mixed"``, others,
         routed on :func:`_call`, as joblib's process backends send them;
         ``"mixed-here"``, others of which one acts on an object of this
-        process (``results.append``: :mod:`smartexec._process_local`),
+        process (``results.append``: :attr:`smartexec.effects.Effects.in_process`),
         routed on that one, which keeps the batch on threads.
     """
     items = list(batch.items)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from smartexec import SmartExecutor
-from smartexec._process_local import process_local_reason
 from smartexec._system import Platform
+from smartexec.effects import process_local_reason
 from smartexec.inspection import CallableProfile, PayloadSize, inspect_callable
 from smartexec.policy import Options, decide
 

@@ -42,6 +42,15 @@ user widens that: ``backend=``, ``prefer="threads"``, or
 from __future__ import annotations
 
 from ._found import MAX_DEPTH, MAX_FUNCTIONS, Effect, Effects, thread_safe
+from ._in_process import process_local_reason
 from ._kinds import effects_of
 
-__all__ = ["Effect", "Effects", "effects_of", "thread_safe", "MAX_DEPTH", "MAX_FUNCTIONS"]
+__all__ = [
+    "Effect",
+    "Effects",
+    "effects_of",
+    "thread_safe",
+    "process_local_reason",
+    "MAX_DEPTH",
+    "MAX_FUNCTIONS",
+]

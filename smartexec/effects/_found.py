@@ -58,11 +58,16 @@ class Effects:
         trusted: native or installed-package callables it calls that are not
             in the tables, by name: trusted to change nothing shared.
         declared: the user declared it thread-safe (:func:`thread_safe`).
+        in_process: why its whole effect is on an object of this process (a
+            queue's ``get``, ``results.append``), or None: a worker process
+            would act on a copy, so such a callable belongs on threads
+            (:func:`~smartexec.effects._in_process.process_local_reason`).
     """
 
     found: tuple[Effect, ...] = ()
     trusted: tuple[str, ...] = ()
     declared: bool = False
+    in_process: str | None = None
 
     def blocking(self, route: str) -> Effect | None:
         """The first effect that keeps the callable off ``route``, or None.
@@ -72,7 +77,7 @@ class Effects:
                 loop in the calling thread); any other route (a process
                 backend) is never blocked.
         """
-        if self.declared:
+        if self.declared or self.in_process is not None:
             return None
         return next((e for e in self.found if route in OFF_ROUTES[e.kind]), None)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._found import Effects, is_declared
+from ._in_process import process_local_reason
 from ._reader import Reader
 from ._refs import NOTHING, Call, Ref, argument_ref, first_param, mapped_call, object_ref
 from ._tables import (
@@ -36,11 +37,14 @@ def effects_of(fn: Callable[..., Any]) -> Effects:
 
     Returns:
         An :class:`Effects`; ``Effects(declared=True)`` for a callable
-        declared with :func:`thread_safe`. Never raises: code that cannot be
-        read is an ``"unread"`` effect.
+        declared with :func:`thread_safe`; for a callable whose whole effect
+        is on an object of this process, only ``in_process`` (it belongs on
+        threads, whatever it writes). Never raises: code that cannot be read
+        is an ``"unread"`` effect.
     """
-    if is_declared(fn):
-        return Effects(declared=True)
+    in_process = process_local_reason(fn)
+    if is_declared(fn) or in_process is not None:
+        return Effects(declared=is_declared(fn), in_process=in_process)
     reader = Reader()
     try:
         read_callable(reader, fn, mapped_call(), 0)

@@ -39,7 +39,7 @@ import threading
 import types
 from typing import Any
 
-from ._display import with_article as _a
+from .._display import with_article as _a
 
 __all__ = ["process_local_reason"]
 
