@@ -20,7 +20,7 @@ import pytest
 
 from smartexec import SmartExecutor
 from smartexec import _profiles as profiles
-from smartexec.gil import GilProfile, forget, recall, remember
+from smartexec.gil import GilProfile, forget, remember
 
 from ._children import run_python
 
