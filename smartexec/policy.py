@@ -518,6 +518,12 @@ def permits(profile: CallableProfile | None, route: str, options: Options) -> bo
     return profile.effects.allows(route)
 
 
+def _trusting(profile: CallableProfile, *reasons: str) -> tuple[str, ...]:
+    """``reasons`` for a threads route the policy chose, naming the native code it trusted."""
+    note = profile.effects.trust_note()
+    return reasons if note is None else (*reasons, note)
+
+
 def _decide(
     profile: CallableProfile,
     platform: Platform,
@@ -612,7 +618,9 @@ def _decide(
     if profile.gil_hint is not None and options.prefer != "processes" and threads_ok:
         return Decision(
             "thread",
-            (what, profile.gil_hint, "threads run it in parallel with no pickling"),
+            _trusting(
+                profile, what, profile.gil_hint, "threads run it in parallel with no pickling"
+            ),
             profile=profile,
         )
 
@@ -641,11 +649,13 @@ def _decide(
             )
         else:
             how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
-        return Decision("thread", (what, str(measured), how), profile=profile, gil=measured)
+        return Decision(
+            "thread", _trusting(profile, what, str(measured), how), profile=profile, gil=measured
+        )
     if measured is None and measurable and profile.code_hint is not None and threads_ok:
         return Decision(
             "thread",
-            (what, profile.code_hint, CODE_HINT_THREADS),
+            _trusting(profile, what, profile.code_hint, CODE_HINT_THREADS),
             profile=profile,
             measure=options.allow_inline,
         )
