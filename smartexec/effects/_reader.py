@@ -257,6 +257,8 @@ class FunctionReader:
     def __init__(self, scope: Scope):
         self.scope = scope
         self.record = False
+        #: targets the enclosing ``if`` tests found missing (a cache being filled)
+        self.fills: list[set[str]] = []
 
     def read(self) -> None:
         node = self.scope.node
@@ -332,6 +334,27 @@ class FunctionReader:
 
     visit_AsyncWith = visit_With
 
+    def visit_If(self, node: ast.If) -> None:
+        self.ref(node.test)
+        self.fills.append(missing(node.test))
+        for stmt in node.body:
+            self.visit(stmt)
+        self.fills.pop()
+        for stmt in node.orelse:
+            self.visit(stmt)
+
+    def filling(self, target: ast.expr) -> bool:
+        """Whether a store to ``target`` fills a cache an enclosing ``if`` found empty.
+
+        ``if _X is None: _X = build()``, ``if key not in _CACHE: _CACHE[key] =
+        f(key)``: every call that fills it stores what any other would, so
+        the calls cannot see each other's writes there.
+        """
+        if not self.fills:
+            return False
+        text = ast.unparse(target)
+        return any(text in found for found in self.fills)
+
     def visit_Return(self, node: ast.Return) -> None:
         if node.value is not None:
             self.scope.returns = self.scope.returns | self.ref(node.value)
@@ -361,7 +384,7 @@ class FunctionReader:
         scope = self.scope
         if isinstance(target, ast.Name):
             if target.id in scope.globals_declared:
-                if self.record:
+                if self.record and not self.filling(target):
                     scope.reader.budget.add(
                         "shared", f"rebinds module-level `{target.id}`", self.where(node)
                     )
@@ -381,7 +404,8 @@ class FunctionReader:
             if isinstance(target, ast.Subscript):
                 self.ref(target.slice)
             owner = self.ref(target.value)
-            self.write(owner, "", node)
+            if not self.filling(target):
+                self.write(owner, "", node)
 
     def write(self, ref: Ref, how: str, node: ast.AST) -> None:
         if self.record:
@@ -566,3 +590,28 @@ class FunctionReader:
         if fname and module not in ("builtins",):
             reader.budget.trusted.setdefault(f"{module}.{fname}" if module else fname, None)
         return result_ref(callee, call)
+
+
+def missing(test: ast.expr) -> set[str]:
+    """The targets ``test`` finds missing: ``X is None``, ``not X``, ``k not in X``, ``X.get(k) is None``.
+
+    Returned as source text (``"_X"``, ``"_CACHE[key]"``); either side of an
+    ``or`` counts.
+    """
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return set().union(*(missing(v) for v in test.values))
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return {ast.unparse(test.operand)}
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return set()
+    op, left, right = test.ops[0], test.left, test.comparators[0]
+    if isinstance(op, ast.NotIn):
+        return {ast.unparse(ast.Subscript(right, left))}
+    if not (
+        isinstance(op, (ast.Is, ast.Eq)) and isinstance(right, ast.Constant) and right.value is None
+    ):
+        return set()
+    if isinstance(left, ast.Call) and isinstance(left.func, ast.Attribute):
+        if left.func.attr == "get" and len(left.args) == 1:
+            return {ast.unparse(ast.Subscript(left.func.value, left.args[0]))}
+    return {ast.unparse(left)}
