@@ -39,10 +39,30 @@ A verdict needs :data:`MIN_CALLS` (4) completed calls, of which at least
 :data:`AGREE` (three quarters) say the same (for *releases*, at least
 :data:`MIN_WATCHES` watches, three quarters of them not ``"holds"``): a
 single stalled call (a worker descheduled for 50 ms reads as a call that
-waited) is outvoted, and the figures quoted are medians. A verdict, once
-given, stands: later submits run on threads, which feed no more figures.
-Until then every call runs in a worker process, so no call of a
-process-routed callable runs in the caller before the evidence says so.
+waited) is outvoted, and the figures quoted are medians. Until then every
+call runs in a worker process, so no call of a process-routed callable runs
+in the caller before the evidence says so.
+
+A *cheap* verdict gives way as soon as the calls it put on threads
+contradict it (issue 32: a verdict formed on 50 cheap calls kept 30 ms
+GIL-holding calls of the same function on threads, 1.28 s against
+``ProcessPoolExecutor``'s 0.66 s). The pool threads already time each call
+(``perf_counter`` at its start and end, for the stats): the calls of a
+callable moved by a cheap verdict go to a :class:`ThreadCalls` of its own,
+and every :data:`RECHECK_CALLS` completed calls the next submit reads them
+(:func:`contradiction`). When the median of the newest
+:data:`RECHECK_CALLS` is over :data:`DEAR_FACTOR` times what the verdict
+called cheap (``max(CHEAP_CALL_S, send_s, compute_s)``), the calls now
+cost more than a process round trip: :meth:`SubmitLearner.forget` drops
+the verdict and its figures, and the next submits take the policy's process
+route again and are learned afresh. Calls already queued on threads stay
+there (their futures are the thread pool's own).
+
+*waits* and *releases* verdicts are not re-checked: whether a call holds the
+GIL on a thread takes its thread's CPU clock at its start and end (a
+``time.thread_time()`` pair on every call, in the thread backend's call
+loop), which the pool threads do not read; their wall times alone cannot
+tell a call that waits from one queued for the GIL.
 
 While a callable's first :data:`MIN_CALLS` calls have not completed, at most
 :func:`send_ahead` of its calls are on their way to the workers at once (sent
@@ -68,15 +88,17 @@ for a callable shared by copy-on-write, a forced ``backend=``,
 from __future__ import annotations
 
 import collections
+import itertools
 import statistics
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._identity import WeakCallable, identity_key
 from ._remote import ChunkResult
 from .gil import CPU_SHARE_WAITS, GilProfile
+from .stats import CALLS_BATCH, CallLog
 
 __all__ = [
     "SubmitLearner",
@@ -89,6 +111,10 @@ __all__ = [
     "MIN_WATCH_S",
     "SEND_AHEAD_PER_WORKER",
     "send_ahead",
+    "RECHECK_CALLS",
+    "DEAR_FACTOR",
+    "contradiction",
+    "ThreadCalls",
 ]
 
 #: Completed calls needed before any verdict.
@@ -127,6 +153,25 @@ MIN_WATCHES = 2
 
 #: Watches of calls shorter than this are too short to tell the GIL's use.
 MIN_WATCH_S = 0.005
+
+#: Calls on threads a *cheap* verdict is re-checked on: once this many more
+#: have completed, the next submit takes the median of the newest this many.
+#: The median of 8 outvotes 3 calls stretched by a GIL switch (a waiting
+#: thread takes the GIL after the switch interval, 5 ms, even from a 5 us
+#: call) or by the machine descheduling the thread. A re-check costs the
+#: submitting thread 2-4 us (2 loaded cores): a loop that waits for each
+#: result pays it every 8 submits (0.3-0.5 us a submit); a burst of 20,000
+#: trivial submits re-checked 20-80 times (0.03-0.13 us a submit).
+RECHECK_CALLS = 8
+
+#: A *cheap* verdict gives way when its calls on threads cost over this many
+#: times what it called cheap, ``max(CHEAP_CALL_S, send_s, compute_s)``: at
+#: least 200 us, over a fork round trip (~150 us) and about a loky one
+#: (~250 us), so processes now gain on the calls; a call measured at 40 us
+#: in the workers and read at 100 us on a busy thread is not taken for a
+#: dear one. A 30 ms GIL-holding call reads 30 ms or more on a thread,
+#: however loaded the machine (its thread is on a CPU for all of it).
+DEAR_FACTOR = 4.0
 
 LearnedKind = Literal["waits", "releases", "cheap"]
 
@@ -167,6 +212,44 @@ class Learned:
             f"{figures} -> {why}: later submits run on threads, in this process "
             f"(map() routes on its own measurements)"
         )
+
+    def gave_way(self, median_s: float, calls: int) -> str:
+        """One sentence for the decision that drops this verdict (see :func:`contradiction`)."""
+        return (
+            f"its submits moved to threads as cheap ({_format_s(self.compute_s)} per call "
+            f"in {self.backend} workers), but its last {calls} calls on threads took "
+            f"{_format_s(median_s)} (median), over {DEAR_FACTOR:g}x "
+            f"{_format_s(_cheap_bound(self))}: later submits go back to processes and "
+            f"are measured afresh"
+        )
+
+
+def _cheap_bound(learned: Learned) -> float:
+    return max(CHEAP_CALL_S, learned.send_s, learned.compute_s)
+
+
+def contradiction(learned: Learned, walls: Sequence[float]) -> float | None:
+    """The median of ``walls`` when calls timed on threads contradict ``learned``, else None.
+
+    Pure. Only a *cheap* verdict is re-checked (see the module docstring),
+    on at least :data:`RECHECK_CALLS` calls: their median (seconds from a
+    call's start to its end on a pool thread) over :data:`DEAR_FACTOR` times
+    ``max(CHEAP_CALL_S, learned.send_s, learned.compute_s)``.
+
+    Args:
+        learned: the verdict that put the calls on threads.
+        walls: the newest calls' seconds on threads, any order.
+    """
+    n = len(walls)
+    if learned.kind != "cheap" or n < RECHECK_CALLS:
+        return None
+    limit = DEAR_FACTOR * _cheap_bound(learned)
+    # A median over the limit needs half the calls over it: cheap calls
+    # (the common case) are told by their sum, without sorting.
+    if sum(walls) <= limit * (n // 2):
+        return None
+    median = statistics.median(walls)
+    return median if median > limit else None
 
 
 def _format_s(seconds: float) -> str:
@@ -294,6 +377,21 @@ class SubmitLearner:
             entry.verdict = judge(list(entry.calls), list(entry.watches), backend)
             return entry.verdict
 
+    def forget(self, fn: Any, learned: Learned) -> bool:
+        """Drop ``fn``'s verdict ``learned`` and the figures it rests on; False if it is gone already.
+
+        Its next completed calls are judged afresh (:func:`contradiction`
+        found the calls on threads contradict it).
+        """
+        with self._lock:
+            entry = self._evidence.get(identity_key(fn))
+            if entry is None or entry.verdict is not learned:
+                return False
+            entry.verdict = None
+            entry.calls.clear()
+            entry.watches.clear()
+            return True
+
     def _forget(self, key: Hashable, entry: _Evidence) -> Any:
         evidence = self._evidence  # the weakref callback must not hold self
 
@@ -304,3 +402,49 @@ class SubmitLearner:
                 evidence.pop(key, None)
 
         return forget
+
+
+class ThreadCalls(CallLog):
+    """Where pool threads log the calls of one callable a *cheap* verdict moved to threads.
+
+    The thread backend's call loop appends each call's ``(start, end)`` to
+    :attr:`calls` (a plain deque: no Python frame, no lock), as it does to
+    the backend's shared :class:`~smartexec.stats.CallLog`; :meth:`fold`
+    keeps the newest :data:`RECHECK_CALLS` calls' seconds in
+    :attr:`recent` for :meth:`recheck` and passes the calls on to the shared
+    log, which counts them in the stats. Thread-safe.
+    """
+
+    __slots__ = ("_shared", "recent")
+
+    def __init__(self, shared: CallLog):
+        # Not CallLog.__init__: its queue is the backend's; this one is the
+        # callable's own, read by fold().
+        self.calls: collections.deque[tuple[float, float]] = collections.deque()
+        self._shared = shared
+        #: The newest calls' seconds on a thread, the newest last.
+        self.recent: collections.deque[float] = collections.deque(maxlen=RECHECK_CALLS)
+
+    def fold(self) -> None:
+        """Keep the queued calls' seconds and count the calls in the shared log."""
+        calls = self.calls
+        batch: collections.deque[tuple[float, float]] = collections.deque()
+        try:
+            # Pops in C (half the time of a loop). Pool threads only append;
+            # another fold may have taken some: the rest are popped, kept.
+            batch.extend(itertools.starmap(calls.popleft, itertools.repeat((), len(calls))))
+        except IndexError:
+            pass
+        if not batch:
+            return
+        newest = itertools.islice(batch, max(0, len(batch) - RECHECK_CALLS), None)
+        self.recent.extend([end - start for start, end in newest])
+        shared = self._shared.calls
+        shared.extend(batch)
+        if len(shared) >= CALLS_BATCH:
+            self._shared.fold()
+
+    def recheck(self, learned: Learned) -> float | None:
+        """Fold the queued calls; then :func:`contradiction` of ``learned`` by the newest."""
+        self.fold()
+        return contradiction(learned, tuple(self.recent))

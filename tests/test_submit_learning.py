@@ -23,9 +23,14 @@ from smartexec import SmartExecutor
 from smartexec._remote import ChunkResult
 from smartexec._submit_learning import (
     CHEAP_CALL_S,
+    DEAR_FACTOR,
     MIN_CALLS,
     MIN_WATCH_S,
+    RECHECK_CALLS,
+    Learned,
     SubmitLearner,
+    ThreadCalls,
+    contradiction,
     judge,
 )
 from smartexec.gil import GilProfile
@@ -772,3 +777,106 @@ def test_a_shutdown_from_a_done_callback_does_not_wait_for_its_own_completions(p
     assert stopped.wait(60)
     assert all(isinstance(f.result(timeout=60), int) for f in futures)
     ex.shutdown()
+
+
+# -- a cheap verdict gives way to calls that contradict it (issue 32) --------------------
+
+
+def _cheap(send_s: float = 1e-4) -> Learned:
+    return Learned("cheap", 4, 5e-6, 1.0, send_s, "fork")
+
+
+def test_a_cheap_verdict_is_contradicted_by_dear_calls_on_threads():
+    learned = _cheap()  # cheap: under max(CHEAP_CALL_S, 100 us to send)
+    bound = DEAR_FACTOR * 1e-4
+    dear = [0.03] * RECHECK_CALLS  # 30 ms holding the GIL
+    assert contradiction(learned, dear) == pytest.approx(0.03)
+    assert contradiction(learned, [5e-6] * RECHECK_CALLS) is None
+    # The median: three calls stretched by a GIL switch (5 ms) do not flip it.
+    stretched = [0.005] * 3 + [5e-6] * (RECHECK_CALLS - 3)
+    assert contradiction(learned, stretched) is None
+    assert contradiction(learned, [bound * 0.9] * RECHECK_CALLS) is None
+    assert contradiction(learned, [bound * 1.1] * RECHECK_CALLS) == pytest.approx(bound * 1.1)
+    # Too few calls to say.
+    assert contradiction(learned, dear[: RECHECK_CALLS - 1]) is None
+
+
+def test_the_bound_is_what_the_verdict_called_cheap():
+    # 1 ms of work that took 3 ms to send was cheap: 5 ms on a thread is still so.
+    assert contradiction(_cheap(send_s=0.003), [0.005] * RECHECK_CALLS) is None
+    assert contradiction(_cheap(send_s=0.003), [0.03] * RECHECK_CALLS) is not None
+    # Never under DEAR_FACTOR x CHEAP_CALL_S, however little the sending cost.
+    tiny = Learned("cheap", 4, 1e-6, 1.0, 1e-6, "fork")
+    assert contradiction(tiny, [CHEAP_CALL_S * 2] * RECHECK_CALLS) is None
+    assert "over 4x 50 us" in tiny.gave_way(0.03, RECHECK_CALLS)
+
+
+@pytest.mark.parametrize("kind", ["waits", "releases"])
+def test_waits_and_releases_verdicts_are_not_rechecked_on_wall_times(kind):
+    # Their wall times on threads cannot tell waiting from computing.
+    learned = Learned(kind, 4, 0.005, 0.1, 1e-4, "fork")
+    assert contradiction(learned, [0.5] * RECHECK_CALLS) is None
+
+
+def test_a_forgotten_verdict_is_judged_afresh():
+    learner = SubmitLearner()
+
+    def fn() -> None:
+        pass
+
+    cheap = ChunkResult([(True, None)], 5e-6, 5e-6)
+    for _ in range(MIN_CALLS):
+        learner.record(fn, cheap, 1e-4, "fork")
+    learned = learner.verdict(fn)
+    assert learned is not None and learned.kind == "cheap"
+    assert learner.forget(fn, learned)
+    assert learner.verdict(fn) is None
+    assert not learner.forget(fn, learned)  # once
+    # Its old figures are gone: a new verdict needs MIN_CALLS new calls.
+    for _ in range(MIN_CALLS - 1):
+        assert learner.record(fn, cheap, 1e-4, "fork") is None
+    assert learner.record(fn, cheap, 1e-4, "fork") is not None
+
+
+def test_thread_calls_keep_the_newest_seconds_and_count_every_call():
+    from smartexec.stats import StatsRecorder
+
+    recorder = StatsRecorder()
+    calls = ThreadCalls(recorder.call_recorder("thread", 2))
+    for i in range(RECHECK_CALLS + 3):
+        calls.calls.append((float(i), float(i) + 0.001 * i))  # what a pool thread appends
+    calls.fold()
+    assert not calls.calls
+    assert list(calls.recent) == pytest.approx([0.001 * i for i in range(3, RECHECK_CALLS + 3)])
+    assert recorder.snapshot().backends["thread"].items == RECHECK_CALLS + 3
+
+
+def _sum_and_pid(n: int) -> tuple[int, int]:
+    """``sum(range(n))``: ~1 us for n=10, 30-60 ms holding the GIL for n=3,000,000."""
+    return sum(range(n)), os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_cheap_verdict_gives_way_when_the_calls_hold_the_gil():
+    me = os.getpid()
+    with SmartExecutor() as ex:
+        cheap = [ex.submit(_sum_and_pid, 10).result(timeout=30)[1] for _ in range(60)]
+        moved = ex.explain(_sum_and_pid)
+        assert moved.backend == "thread", str(moved)
+        assert "less than a process round trip" in moved.reasons[0]
+        assert cheap[-1] == me
+        # Dear calls, one at a time: each call's seconds on its thread are in
+        # before its result. The verdict stands for the first; once a re-check
+        # (every RECHECK_CALLS calls, on the newest RECHECK_CALLS) finds them
+        # dear, the next submits take the process route again.
+        dear = [
+            ex.submit(_sum_and_pid, 3_000_000).result(timeout=60)[1]
+            for _ in range(2 * RECHECK_CALLS + 4)
+        ]
+        assert dear[0] == me
+        assert any(pid != me for pid in dear), "every dear call ran in this process"
+        gave_way = [d for d in ex.decisions() if "go back to processes" in d.reasons[0]]
+        assert len(gave_way) == 1 and gave_way[0].backend in ("fork", "loky"), ex.decisions()
+        # Every call that ran here is counted, those timed for the re-check too.
+        ran_here = (cheap + dear).count(me)
+        assert ex.stats().backends["thread"].items == ran_here
