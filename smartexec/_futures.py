@@ -27,6 +27,18 @@ class ChainedFuture(Future):  # type: ignore[type-arg]
         self._inner: Future[Any] | None = inner
         self._chained = inner is not None
 
+    def __repr__(self) -> str:
+        """``<Future at 0x... state=...>``, exactly as a ``concurrent.futures.Future`` reads.
+
+        The futures ``submit`` returns are subclasses (an implementation
+        detail): code and doctests that print a future, and the
+        ``InvalidStateError`` messages built from its repr, expect the
+        stdlib's class name.
+        """
+        text = Future.__repr__(self)
+        mine = "<" + type(self).__name__ + " "
+        return "<Future " + text[len(mine) :] if text.startswith(mine) else text
+
     def _chain(self, inner: Future[Any]) -> None:
         """Follow ``inner`` from now on (the caller adds its done-callback)."""
         self._inner = inner

@@ -206,10 +206,6 @@ EXCLUDED: dict[str, str] = {
     # ExecutorDeadlockTest (test_deadlock.py)
     "ExecutorDeadlockTest.test_shutdown_deadlock_pickle": "joins executor._executor_manager_thread, ProcessPoolExecutor's private thread",
     "ExecutorDeadlockTest.test_gh105829_should_not_deadlock_if_wakeup_pipe_full": "patches ProcessPoolExecutor's private _ExecutorManagerThread and _ThreadWakeup",
-    # FutureTests (test_future.py), run against the class submit() returns
-    "FutureTests.test_repr": "expects the class name 'Future' in repr(); submit's future is a subclass (CallFuture)",
-    "FutureTests.test_multiple_set_result": "matches the class name 'Future' in the InvalidStateError message (repr of a CallFuture)",
-    "FutureTests.test_multiple_set_exception": "matches the class name 'Future' in the InvalidStateError message (repr of a CallFuture)",
     # Whole classes
     "FailingInitializerResourcesTest (test_init.py)": "runs the stdlib's own ProcessPool*FailingInitializerTest classes and stops multiprocessing's resource tracker",
 }

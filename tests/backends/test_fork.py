@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import os
 import signal
@@ -383,3 +384,17 @@ def test_the_dispatchers_poller_reports_what_wait_would():
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_a_submitted_call_s_future_reads_as_a_stdlib_future():
+    # Issue 32: repr() named the subclass (<CallFuture ...>); code, doctests
+    # and the InvalidStateError messages built from it expect the stdlib's
+    # <Future at 0x... state=...>.
+    with SmartExecutor(1, backend="fork") as ex:
+        future = ex.submit(pow, 2, 5)
+        assert future.result(timeout=30) == 32
+    assert isinstance(future, concurrent.futures.Future)
+    assert repr(future) == f"<Future at {id(future):#x} state=finished returned int>"
+    with pytest.raises(concurrent.futures.InvalidStateError, match="^FINISHED: <Future at 0x"):
+        future.set_result(1)
+    assert repr(type(future)()).startswith("<Future at 0x")
