@@ -60,7 +60,6 @@ from ._submit_learning import (
     Learned,
     SubmitLearner,
     ThreadCalls,
-    contradiction,
     send_ahead,
 )
 from ._system import current_platform
@@ -305,23 +304,19 @@ def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) ->
         yield item
 
 
-def _release_backends(
-    backends: dict[str, Backend], unsent: dict[int, tuple[ChunkStream, bool]]
-) -> None:
+def _release_backends(backends: dict[str, Backend], streams: weakref.WeakSet[ChunkStream]) -> None:
     """Shut down the backends of an executor that was dropped, as ``shutdown(wait=False)`` does.
 
-    Its maps of known length still open send the rest of their input first
-    (see :meth:`SmartExecutor.shutdown`): as with the stdlib, whose ``map``
-    submits every item when called, their results stay readable.
+    Its maps over inputs of known length still open (``streams``) send the
+    rest of their input first (see :meth:`SmartExecutor.shutdown`): as with
+    the stdlib, whose ``map`` submits every item when called, their results
+    stay readable.
     """
-    for stream, send_rest in list(unsent.copy().values()):
-        stream.on_cancel = None
-        if send_rest:
-            try:
-                stream.send_rest(budgets=False)
-            except Exception:  # pragma: no cover - best effort during garbage collection
-                pass
-    unsent.clear()
+    for stream in list(streams):
+        try:
+            stream.send_rest(budgets=False)
+        except Exception:  # pragma: no cover - best effort during garbage collection
+            pass
     for backend in list(backends.values()):
         try:
             backend.shutdown(wait=False)
@@ -696,6 +691,9 @@ class SmartExecutor(Executor):
         #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
         #: stream, and whether the rest of its input is sent too.
         self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
+        #: Those whose rest is sent if this executor is dropped unshut (see
+        #: _release_backends): held weakly, so that no map keeps it alive.
+        self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
         # Completed submits' figures (smartexec._submit_learning) move later
@@ -738,7 +736,9 @@ class SmartExecutor(Executor):
         # executor still referenced at exit has its pools stopped instead
         # (fork's exit hook): a forgotten shutdown() held the exit for as long
         # as its queued calls ran, depending on which exit hook ran first.
-        weakref.finalize(self, _release_backends, self._backends, self._unsent).atexit = False
+        weakref.finalize(
+            self, _release_backends, self._backends, self._rest_if_dropped
+        ).atexit = False
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         if backend is not None:
@@ -1505,13 +1505,10 @@ class SmartExecutor(Executor):
         policy's process route and are learned from afresh.
         """
         learned, calls = fast[1], fast[3]
-        calls.fold()
-        if learned is None:
-            return True
-        recent = list(calls.recent)
-        median = contradiction(learned, recent)
+        median = calls.recheck(learned)
         if median is None:
             return True
+        checked = len(calls.recent)
         key = identity_key(fn)
         with self._lock:
             if self._fast_submits.get(key) is fast:
@@ -1521,7 +1518,7 @@ class SmartExecutor(Executor):
                     cached = self._learned_decisions.pop(key, None)
                     if cached is not None:
                         policy = cached[1]
-                        why = learned.gave_way(median, len(recent))
+                        why = learned.gave_way(median, checked)
                         self._log.append(
                             dataclasses.replace(policy, reasons=(why, *policy.reasons))
                         )
@@ -1533,7 +1530,7 @@ class SmartExecutor(Executor):
                         median,
                         None,
                         learned.send_s,
-                        len(recent),
+                        checked,
                         time.time(),
                         source="submits",
                     ),
@@ -1859,6 +1856,7 @@ class SmartExecutor(Executor):
                 not backend.shares_memory
                 and estimate.per_item_s is None
                 and buffersize is None
+                and end_time is None  # it pickles an item here: no deadline could hold
                 and dear_to_send(iterables)
             )
             return self._routed_map(
@@ -2704,6 +2702,8 @@ class SmartExecutor(Executor):
                 unsent.pop(key, None)
         key = id(stream)
         unsent[key] = (stream, send_rest)
+        if send_rest:
+            self._rest_if_dropped.add(stream)
 
         def finished() -> None:  # holds the dict, not the stream nor self
             unsent.pop(key, None)
