@@ -8,11 +8,17 @@ futures with an :class:`~smartexec.errors.InitializerError` that names the
 initializer and chains its exception, logs the failure as the stdlib does
 (``CRITICAL`` on the ``concurrent.futures`` logger, in this process), and the
 executor refuses new work.
+
+In a worker process whose initializer set up logging of its own for that
+logger (a handler, e.g. a ``QueueHandler`` to the parent, as CPython's tests
+do), the worker logs the failure there too, as a stdlib worker does
+(:func:`log_in_worker`); the parent's record is logged either way.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing.queues
 import threading
 import traceback
 from collections.abc import Callable
@@ -20,7 +26,16 @@ from typing import Any
 
 from .errors import InitializerError, ProcessInitializerError, RemoteTraceback
 
-__all__ = ["check", "check_max_tasks", "name_of", "Breakage", "process_failure", "traceback_text"]
+__all__ = [
+    "check",
+    "check_max_tasks",
+    "name_of",
+    "Breakage",
+    "process_failure",
+    "traceback_text",
+    "logging_handlers",
+    "log_in_worker",
+]
 
 #: The stdlib pools log a failed initializer here (at CRITICAL).
 LOGGER = logging.getLogger("concurrent.futures")
@@ -99,6 +114,57 @@ def log_failure(error: InitializerError) -> None:
     LOGGER.critical("Exception in initializer: %s", error, exc_info=exc_info)
 
 
+def logging_handlers() -> tuple[logging.Handler, ...]:
+    """The handlers a record of :data:`LOGGER` reaches now.
+
+    Its own, then its ancestors' for as long as it propagates.
+    """
+    found: list[logging.Handler] = []
+    logger: logging.Logger | None = LOGGER
+    while logger is not None:
+        found.extend(logger.handlers)
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return tuple(found)
+
+
+def log_in_worker(exc: BaseException, before: tuple[logging.Handler, ...]) -> None:
+    """In a worker process whose initializer raised ``exc``: log it there, as a stdlib worker does.
+
+    Only when the initializer gave :data:`LOGGER` a handler it did not reach
+    before (``before``, from :func:`logging_handlers`): it set up the
+    worker's own logging, e.g. a ``QueueHandler`` to the parent, and the
+    record goes there (``CRITICAL``, ``"Exception in initializer:"`` with
+    the traceback, the stdlib's words). Otherwise the worker's handlers are
+    the parent's (inherited by a fork) or none, and the parent's record
+    (:func:`log_failure`) is the one: a second copy would only repeat it.
+
+    A ``multiprocessing`` queue behind such a handler is then closed in
+    this worker and its feeder thread joined, so the record has reached
+    the queue's pipe before the parent hears of the failure (a stdlib
+    worker flushes it as it exits; a fork worker leaves through
+    ``os._exit``, a loky worker stays up). Nothing else of the user's runs
+    in that worker afterwards.
+
+    Args:
+        exc: the initializer's exception.
+        before: the handlers reached before the initializer ran.
+    """
+    new = [handler for handler in logging_handlers() if handler not in before]
+    if not new:
+        return
+    try:
+        LOGGER.critical("Exception in initializer:", exc_info=exc)
+        for handler in new:
+            queue = getattr(handler, "queue", None)
+            if isinstance(queue, multiprocessing.queues.Queue):
+                queue.close()
+                queue.join_thread()
+    except Exception:  # pragma: no cover - the parent reports the failure anyway
+        pass
+
+
 class Breakage:
     """Whether a backend's initializer has failed: the first failure, kept.
 
@@ -111,11 +177,17 @@ class Breakage:
         self.error: InitializerError | None = None
 
     def record(self, error: InitializerError) -> bool:
-        """Keep ``error`` unless one is kept already; True when it is the first."""
+        """Keep a copy of ``error`` unless one is kept already; True when it is the first.
+
+        A copy, never raised: an exception raised by ``result()`` holds the
+        caller's frames in its traceback, and those frames the executor
+        (the backends outlive it, for its finalizer): kept here, it kept
+        the executor alive, and its workers running, once dropped.
+        """
         with self._lock:
             if self.error is not None:
                 return False
-            self.error = error
+            self.error = error.again()
             return True
 
     def raise_if_broken(self) -> None:
@@ -139,10 +211,12 @@ def start_loky_worker(initializer: Callable[..., Any], initargs: tuple[Any, ...]
     given with the error that names the initializer (:func:`serve_loky`).
     """
     global _FAILED
+    before = logging_handlers()
     try:
         initializer(*initargs)
     except BaseException as exc:
         _FAILED = (name_of(initializer), traceback_text(exc))
+        log_in_worker(exc, before)
 
 
 def serve_loky(payload: bytes) -> bytes:

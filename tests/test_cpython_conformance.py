@@ -136,6 +136,16 @@ PLAN: dict[str | None, tuple[str, ...]] = {
 }
 
 _PROCESS_ROUTES = frozenset({None, "fork", "loky"})
+
+#: The ``ctx`` (start method) of FailingInitializerMixin on the process routes.
+#: With one, the stdlib test does what it does for ProcessPoolExecutor: its
+#: initializer sends the worker's ``concurrent.futures`` logging to a queue of
+#: that context, and the test reads the worker's own record of the failure
+#: there. Without (the thread route) it listens in this process, as for
+#: ThreadPoolExecutor. loky's workers are fresh interpreters: a fork
+#: context's queue cannot reach them, a spawn context's can (and
+#: ``mp_context="spawn"`` keeps the default route on loky).
+WORKER_LOG_CONTEXT: dict[str | None, str] = {None: "fork", "fork": "fork", "loky": "spawn"}
 _ALL_ROUTES = frozenset(PLAN)
 
 #: Tests of the stdlib's pool-specific classes that check behaviour any
@@ -258,11 +268,22 @@ class SmartExecutorMixin(_std.ExecutorMixin):
         patcher.start()
         self.addCleanup(patcher.stop)
         super().setUp()
+        if getattr(self, "log_queue", None) is not None:
+            self.addCleanup(self._release_log_queue)
+
+    def _release_log_queue(self) -> None:
+        """Let go of FailingInitializerMixin's queue: a spawn context's holds named semaphores."""
+        log_queue = self.log_queue
+        self.log_queue = None
+        self.executor_kwargs = {}  # its initargs hold the queue too
+        log_queue.close()
+        log_queue.join_thread()
 
     def get_context(self) -> multiprocessing.context.BaseContext:
-        # Borrowed process tests make their Manager / Semaphore from it. No
-        # ``ctx`` attribute: ExecutorMixin would pass mp_context= to the executor.
-        return multiprocessing.get_context("fork")
+        # Borrowed process tests make their Manager / Semaphore from it. Only
+        # the classes of WORKER_LOG_CONTEXT have a ``ctx`` attribute, with
+        # which ExecutorMixin passes mp_context= to the executor.
+        return multiprocessing.get_context(getattr(self, "ctx", "fork"))
 
 
 class AdaptedShutdownTests:
@@ -390,6 +411,8 @@ def _make_classes() -> dict[str, type]:
                 namespace[test_name] = test
             if mixin_name == "ExecutorDeadlockTest":
                 namespace["TIMEOUT"] = DEADLOCK_WAIT_S
+            if mixin_name == "FailingInitializerMixin" and backend in WORKER_LOG_CONTEXT:
+                namespace["ctx"] = WORKER_LOG_CONTEXT[backend]
             for key in (*EXCLUDED, *(k for k, route in EXCLUDED_ON_ROUTE if route == backend)):
                 holder, _, test_name = key.partition(".")
                 if holder == mixin_name and test_name:

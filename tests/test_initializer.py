@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gc
 import logging
 import multiprocessing
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures.process import BrokenProcessPool
 from concurrent.futures.thread import BrokenThreadPool
 
@@ -346,3 +348,53 @@ def test_a_by_value_callable_on_loky_with_an_initializer_warns():
         assert any("importable module" in r for r in decision.reasons)
     finally:
         ex.shutdown()
+
+
+def fail_init_logging_to(log_queue):
+    """As CPython's tests do: send this worker's concurrent.futures logging to the parent, then fail."""
+    from logging.handlers import QueueHandler
+
+    logger = logging.getLogger("concurrent.futures")
+    logger.addHandler(QueueHandler(log_queue))
+    logger.setLevel("CRITICAL")
+    logger.propagate = False
+    raise ValueError("init went wrong")
+
+
+@pytest.mark.parametrize(
+    ("backend", "context"), [(None, "fork"), ("fork", "fork"), ("loky", "spawn")]
+)
+def test_a_worker_logs_its_failing_initializer_where_the_initializer_sent_its_logging(
+    backend, context
+):
+    # Issue 32: only the parent logged the failure, so a worker's own logging
+    # set up by the initializer (CPython's FailingInitializerMixin for
+    # process pools) heard nothing. The worker logs it there as a stdlib
+    # worker does, before the parent hears of the failure.
+    ctx = multiprocessing.get_context(context)
+    log_queue = ctx.Queue()
+    freed = weakref.ref(log_queue)
+    try:
+        with SmartExecutor(
+            2,
+            backend=backend,
+            mp_context=ctx,
+            initializer=fail_init_logging_to,
+            initargs=(log_queue,),
+        ) as ex:
+            with pytest.raises(BrokenProcessPool):
+                ex.submit(status).result()
+            record = log_queue.get_nowait()  # there already: no wait
+        assert record.levelname == "CRITICAL" and record.name == "concurrent.futures"
+        message = record.getMessage()  # the traceback, formatted by the QueueHandler
+        assert message.startswith("Exception in initializer:"), message
+        assert "ValueError: init went wrong" in message, message
+    finally:
+        log_queue.close()
+        log_queue.join_thread()
+    # A spawn context's queue holds named semaphores until it is freed: once
+    # the broken loky pool that held it as initargs has shut down.
+    del log_queue, ex
+    deadline = time.monotonic() + 30
+    while gc.collect() >= 0 and freed() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)

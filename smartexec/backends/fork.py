@@ -251,9 +251,12 @@ def _worker_main(
     segments of the replies (:mod:`smartexec._shm`).
 
     ``initializer(*initargs)`` runs first, here, after the fork (never in the
-    zygote). When it raises, the worker sends ``I<pid> <traceback>`` on
-    ``ctl`` (the zygote's end, which reaches the parent's dispatcher) and
-    exits without taking a chunk. ``ctl`` is closed before the loop.
+    zygote). When it raises, the worker logs it where the initializer set
+    up this worker's logging, if it did (see
+    :func:`smartexec._initializer.log_in_worker`), sends
+    ``I<pid> <traceback>`` on ``ctl`` (the zygote's end, which reaches the
+    parent's dispatcher) and exits without taking a chunk. ``ctl`` is
+    closed before the loop.
 
     Every object inherited from the parent is frozen out of this process's
     garbage collector (``gc.freeze()``, which touches none of them): a
@@ -268,9 +271,13 @@ def _worker_main(
     _threads.forget_inherited_pools()
     try:
         if initializer is not None:
+            handlers = _initializer.logging_handlers()
             try:
                 initializer(*initargs)
             except BaseException as exc:
+                # Logged here first, where the initializer may have sent this
+                # worker's logging (as the stdlib's worker logs it).
+                _initializer.log_in_worker(exc, handlers)
                 if ctl is not None:
                     text = _initializer.traceback_text(exc).encode("utf-8", "replace")
                     with contextlib.suppress(OSError):
@@ -1232,7 +1239,7 @@ class _ForkPool:
     def _break(self, error: InitializerError) -> None:
         for task in self._take_all_tasks():
             if task.future.running() or task.future.set_running_or_notify_cancel():
-                task.future.set_exception(error)
+                task.future.set_exception(error.again())  # one each (see Breakage.record)
 
     def _fail_all(self, cause: BaseException) -> None:
         for task in self._take_all_tasks():
