@@ -29,8 +29,10 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 import unittest.mock
+import weakref
 from concurrent.futures import process as _stdlib_process
 
 import pytest
@@ -204,15 +206,11 @@ EXCLUDED: dict[str, str] = {
     # ThreadPoolShutdownTest / ProcessPoolShutdownTest (test_shutdown.py)
     "ThreadPoolShutdownTest.test_threads_terminate": "joins executor._threads",
     "ThreadPoolShutdownTest.test_context_manager_shutdown": "builds a stdlib ThreadPoolExecutor and joins its _threads",
-    "ThreadPoolShutdownTest.test_del_shutdown": "builds a stdlib ThreadPoolExecutor, reads its _threads",
-    "ThreadPoolShutdownTest.test_shutdown_no_wait": "builds a stdlib ThreadPoolExecutor, reads its _threads",
     "ThreadPoolShutdownTest.test_thread_names_assigned": "thread_name_prefix and thread names",
     "ThreadPoolShutdownTest.test_thread_names_default": "ThreadPoolExecutor's default thread names",
     "ThreadPoolShutdownTest.test_cancel_futures_wait_false": "runs a stdlib ThreadPoolExecutor in a child interpreter",
     "ProcessPoolShutdownTest.test_processes_terminate": "counts and joins executor._processes",
     "ProcessPoolShutdownTest.test_context_manager_shutdown": "builds a stdlib ProcessPoolExecutor and joins its _processes",
-    "ProcessPoolShutdownTest.test_del_shutdown": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
-    "ProcessPoolShutdownTest.test_shutdown_no_wait": "joins _executor_manager_thread, _processes, _call_queue of a stdlib pool",
     # ExecutorDeadlockTest (test_deadlock.py)
     "ExecutorDeadlockTest.test_shutdown_deadlock_pickle": "joins executor._executor_manager_thread, ProcessPoolExecutor's private thread",
     "ExecutorDeadlockTest.test_gh105829_should_not_deadlock_if_wakeup_pipe_full": "patches ProcessPoolExecutor's private _ExecutorManagerThread and _ThreadWakeup",
@@ -223,13 +221,20 @@ EXCLUDED: dict[str, str] = {
 #: Tests left out on one route only: (class, route) -> reason.
 EXCLUDED_ON_ROUTE: dict[tuple[str, str | None], str] = {}
 
-#: Generic-mixin tests replaced by an adaptation, and why. The stdlib versions
-#: run a child interpreter that imports ``concurrent.futures.<executor_type.__name__>``;
-#: ours runs the same scenario with ``smartexec.SmartExecutor``.
+#: Tests replaced by an adaptation (:class:`AdaptedShutdownTests`, run with
+#: ExecutorShutdownTest on every route), and why. The generic mixin's run a
+#: child interpreter that imports ``concurrent.futures.<executor_type.__name__>``;
+#: ours runs the same scenario with ``smartexec.SmartExecutor``. The pool
+#: classes' ``test_del_shutdown`` and ``test_shutdown_no_wait`` join the
+#: stdlib pool's own threads and processes; ours join the threads the
+#: executor started (a fork pool's dispatcher ends once it has stopped its
+#: workers).
 ADAPTED: dict[str, str] = {
     "test_interpreter_shutdown": "child script imports the executor from concurrent.futures",
     "test_submit_after_interpreter_shutdown": "child script imports the executor from concurrent.futures",
     "test_hang_gh83386": "child script imports the executor from concurrent.futures",
+    "ThreadPoolShutdownTest.test_del_shutdown / ProcessPoolShutdownTest.test_del_shutdown": "joins the stdlib pool's _threads (or _executor_manager_thread, _processes, _call_queue)",
+    "ThreadPoolShutdownTest.test_shutdown_no_wait / ProcessPoolShutdownTest.test_shutdown_no_wait": "joins the stdlib pool's _threads (or _executor_manager_thread, _processes, _call_queue)",
 }
 
 
@@ -349,6 +354,46 @@ class AdaptedShutdownTests:
     def test_submit_after_interpreter_shutdown_workers_started(self) -> None:
         # The same once the executor's workers run (the stdlib's mp_context branch).
         self._check_submit_after_interpreter_shutdown(workers_started=True)
+
+    def _new_threads(self, before: set[threading.Thread]) -> list[threading.Thread]:
+        """The threads started since ``before``: the executor's workers and helpers."""
+        return [thread for thread in threading.enumerate() if thread not in before]
+
+    def _assert_all_end(self, threads: list[threading.Thread], after: str) -> None:
+        for thread in threads:
+            thread.join(_support.SHORT_TIMEOUT)
+            self.assertFalse(  # type: ignore[attr-defined]
+                thread.is_alive(),
+                f"{thread.name} still ran {_support.SHORT_TIMEOUT:g} s after {after}",
+            )
+
+    def test_del_shutdown(self) -> None:
+        # The stdlib's Thread/ProcessPoolShutdownTest.test_del_shutdown: an
+        # executor dropped with a map's results unread is collected, its
+        # workers (and the threads that serve them) end, and every result can
+        # still be read.
+        before = set(threading.enumerate())
+        executor = self.executor_type(max_workers=5)  # type: ignore[attr-defined]
+        res = executor.map(abs, range(-5, 5))
+        threads = self._new_threads(before)
+        collected = weakref.ref(executor)
+        del executor
+        _support.gc_collect()
+        self.assertIsNone(collected(), "the map's results hold the executor")  # type: ignore[attr-defined]
+        self._assert_all_end(threads, "the executor was collected")
+        self.assertEqual(list(res), [abs(v) for v in range(-5, 5)])  # type: ignore[attr-defined]
+
+    def test_shutdown_no_wait(self) -> None:
+        # The stdlib's Thread/ProcessPoolShutdownTest.test_shutdown_no_wait:
+        # after shutdown(wait=False) the workers (and the threads that serve
+        # them) end once the map's items have run; its results can be read.
+        before = set(threading.enumerate())
+        executor = self.executor_type(max_workers=5)  # type: ignore[attr-defined]
+        res = executor.map(abs, range(-5, 5))
+        threads = self._new_threads(before)
+        executor.shutdown(wait=False)
+        self._assert_all_end(threads, "shutdown(wait=False)")
+        self.assertEqual(list(res), [abs(v) for v in range(-5, 5)])  # type: ignore[attr-defined]
 
     def test_hang_gh83386(self) -> None:
         # shutdown(wait=False) with a task running: the interpreter still exits

@@ -398,3 +398,29 @@ def test_a_submitted_call_s_future_reads_as_a_stdlib_future():
     with pytest.raises(concurrent.futures.InvalidStateError, match="^FINISHED: <Future at 0x"):
         future.set_result(1)
     assert repr(type(future)()).startswith("<Future at 0x")
+
+
+def double_slowly(x):
+    time.sleep(0.001)
+    return 2 * x
+
+
+@pytest.mark.parametrize("backend", [None, "fork"])
+def test_a_dropped_executor_is_collected_stops_its_workers_and_its_map_runs_every_item(backend):
+    # Issue 32: closures the map's results held (its chunks' sender, the
+    # router's callback) held the executor, so that `del executor` and a
+    # collection left it, and its workers, alive; as with the stdlib, the
+    # items not sent yet are sent when it goes (as shutdown(wait=False)
+    # sends them), so that every result can still be read.
+    before = set(threading.enumerate())
+    ex = SmartExecutor(2, backend=backend)
+    results = ex.map(double_slowly, range(500))
+    threads = [thread for thread in threading.enumerate() if thread not in before]
+    collected = weakref.ref(ex)
+    del ex
+    gc.collect()
+    assert collected() is None
+    for thread in threads:  # the pool's dispatcher: it stops the workers as it ends
+        thread.join(30)
+        assert not thread.is_alive(), thread.name
+    assert list(results) == [2 * x for x in range(500)]
