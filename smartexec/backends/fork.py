@@ -63,7 +63,6 @@ from typing import Any
 
 from .. import _fingerprint, _initializer, _threads, trampoline, transport
 from .._blas import (
-    built_controller,
     cap_in_this_process,
     controller_for_fork,
     thread_env,
@@ -243,8 +242,9 @@ def _worker_main(
     after the first chunk during which a thread pool of a native library
     started (see :func:`_native_threads_run`): capping OpenBLAS after a fork
     starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
-    never calls it never caps it. A process's first fork pool forks its
-    first worker so (see :func:`_blas_table`).
+    never calls it never caps it. A worker forked directly when this
+    process had no table (no numpy loaded, see :func:`_blas_table`) is
+    forked so.
 
     ``parent_pid`` is the zygote's (the worker exits when it is gone);
     ``owner_pid`` the executor's process, which owns the shared-memory
@@ -323,27 +323,23 @@ def _native_threads_run() -> bool:
 
 
 def _blas_table() -> Any | None:
-    """This process's threadpoolctl table for a new pool's forks, or None: it goes without.
+    """This process's threadpoolctl table for a new pool's forks; None without numpy.
 
-    Importing threadpoolctl and scanning the loaded libraries costs 4-5 ms,
-    on the way to the first result of a script that maps once: a
-    process's first pool does not wait for it (unless it was built for
-    another reason). Its first worker then caps its pools itself once it
-    has started them (``blas_cap`` of :func:`_worker_main`), and its
-    zygote caps its own before it forks a worker. Later pools build the
-    table here, once for the process (see
-    :func:`~smartexec._blas.controller_for_fork`), so that every worker
-    starts capped.
+    Built here, in the parent, once for the process (see
+    :func:`~smartexec._blas.controller_for_fork`), for every pool, the
+    process's first included: the workers forked here directly are capped
+    by inheritance (:meth:`_ForkPool._fork_directly` limits this process's
+    pools for the length of their forks), and the zygote's through it, so
+    every worker starts capped. A process's first pool once went without
+    (importing threadpoolctl and scanning the loaded libraries costs 4-5
+    ms, before the first result), its first worker capping its pools only
+    after a chunk had started them: a worker that had not run BLAS yet read
+    the parent's threads (2 on 2 CPUs beside another worker's 1), and the
+    chunk that started them ran on all of them. Without numpy nothing is
+    loaded to cap: the workers' environment caps the libraries they load
+    (:func:`~smartexec._blas.thread_env`).
     """
-    global _FIRST_POOL_STARTED
-    if not _FIRST_POOL_STARTED:
-        _FIRST_POOL_STARTED = True
-        return built_controller()
     return controller_for_fork()
-
-
-#: Set once this process has started a fork pool (see _blas_table).
-_FIRST_POOL_STARTED = False
 
 
 def _zygote_main(

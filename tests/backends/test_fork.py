@@ -313,8 +313,7 @@ def test_process_workers_cap_blas_threads(backend):
 
     with SmartExecutor(2, backend=backend) as ex:
         # The counts are read before a product that starts the worker's BLAS
-        # pool: a process's first fork pool forks its first worker uncapped,
-        # and it caps that pool after the chunk that started it.
+        # pool: every worker starts capped, a process's first fork pool's too.
         counts = [ex.submit(counts_then_product).result(timeout=60) for _ in range(2)][-1]
     expected = threads_per_worker(current_platform().cpu_count, 2)
     assert counts and max(counts) <= expected, counts

@@ -129,3 +129,52 @@ def test_a_chunk_ending_while_the_cap_is_applied_does_not_divide_by_zero():
     cap.tokens = Shrinking([1, 0, 0])  # one chunk at the first read, none at the next
     cap._apply()
     assert cap._applied == 2
+
+
+#: Set by FIRST_POOL_CAPS before its pool forks: the workers inherit it.
+BOTH_RUNNING = None
+
+
+def blas_threads_of_a_worker(_):
+    """In a fork worker, once another worker runs too: its parent, its pid, its BLAS threads."""
+    import os
+
+    BOTH_RUNNING.wait(30)  # a second worker has taken the other item
+    return os.getppid(), os.getpid(), blas_threads()
+
+
+# In a fresh interpreter: its first fork pool, forked while no other thread runs
+# (the first worker is then forked by the interpreter itself, not the zygote).
+FIRST_POOL_CAPS = """
+    import multiprocessing, os
+    import numpy as np
+    import tests.scenarios.test_blas_threads as here
+    from smartexec import SmartExecutor
+    from smartexec._blas import threads_per_worker
+    from smartexec._system import current_platform
+
+    (np.ones((64, 64)) @ np.ones((64, 64))).sum()  # this process's BLAS pool runs
+    before = here.blas_threads()
+    expected = threads_per_worker(current_platform().cpu_count, 2)
+    here.BOTH_RUNNING = multiprocessing.get_context("fork").Barrier(2)
+    with SmartExecutor(2, backend="fork") as ex:
+        seen = list(ex.map(here.blas_threads_of_a_worker, range(2), chunksize=1))
+    assert len({pid for _, pid, _ in seen}) == 2, seen  # two workers
+    assert os.getpid() in {parent for parent, _, _ in seen}, seen  # one forked here
+    assert [threads for _, _, threads in seen] == [expected] * 2, (seen, expected)
+    assert here.blas_threads() == before  # this process's own pool is left as it was
+    print("ok" if before > expected else "nothing to cap")
+"""
+
+
+def test_every_fork_worker_starts_with_its_share_of_the_cpus_as_blas_threads():
+    """Issue 32: a first fork worker, forked straight from a parent that had loaded
+    numpy, kept the parent's BLAS threads (2 on 2 CPUs beside the other
+    worker's 1) until a chunk had started them; every worker is capped from
+    its start now, that one too."""
+    from tests._children import run_python
+
+    result = run_python(FIRST_POOL_CAPS, timeout=60)
+    assert result.returncode == 0, result.stderr
+    if result.stdout.strip() != "ok":
+        pytest.skip("one BLAS thread per worker already: nothing to cap")
