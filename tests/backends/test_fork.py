@@ -423,3 +423,34 @@ def test_a_dropped_executor_is_collected_stops_its_workers_and_its_map_runs_ever
         thread.join(30)
         assert not thread.is_alive(), thread.name
     assert list(results) == [2 * x for x in range(500)]
+
+
+class SlowToPickle:
+    """An argument whose pickling takes :attr:`SECONDS`; :attr:`pickled` is set once one ended."""
+
+    SECONDS = 3.0
+    pickled = threading.Event()
+
+    def __reduce__(self):
+        time.sleep(self.SECONDS)
+        SlowToPickle.pickled.set()
+        return (SlowToPickle, ())
+
+
+def constant(_):
+    return 1
+
+
+def test_map_timeout_holds_while_an_argument_takes_long_to_pickle():
+    # Issue 32: on the default route (a pure-Python function goes to fork),
+    # map() pickled the first item in the caller's thread to see whether the
+    # items were dear to send, before any deadline was looked at:
+    # map(timeout=1) over an argument whose pickling took 8 s raised
+    # TimeoutError after 8 s. The fork and loky routes given by name
+    # already pickled off the caller's thread.
+    SlowToPickle.pickled.clear()
+    with SmartExecutor(2) as ex:
+        results = ex.map(constant, [SlowToPickle(), SlowToPickle()], timeout=0.5)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            list(results)
+        assert not SlowToPickle.pickled.is_set()  # raised before one pickle had ended
