@@ -28,7 +28,6 @@ __all__ = [
     "threads_per_worker",
     "thread_env",
     "controller_for_fork",
-    "built_controller",
     "cap_in_this_process",
     "ThreadCap",
     "THREAD_CAP",
@@ -97,16 +96,6 @@ def controller_for_fork() -> Any | None:
         held = (modules, extensions, held[2])
     _controller = held
     return held[2]
-
-
-def built_controller() -> Any | None:
-    """The table of :func:`controller_for_fork` if one was built in this process, else None.
-
-    Never scans from scratch: a table already built is brought up to date
-    as :func:`controller_for_fork` does (a rescan only after an extension
-    module was imported since).
-    """
-    return controller_for_fork() if _controller is not None else None
 
 
 def cap_in_this_process(threads: int, controller: Any | None = None) -> None:
