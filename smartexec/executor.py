@@ -85,13 +85,18 @@ from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
     BIG_STATE_BYTES,
     INITIALIZER_BY_VALUE,
+    INITIALIZER_BY_VALUE_RULE,
+    LAST_MAP_RULE,
+    MEASURED_RULE,
     PREFER_VALUES,
     Decision,
     Options,
+    Reason,
     decide,
     measured_reasons,
     permits,
     reasons_off_processes,
+    rule_of,
     stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track
@@ -873,7 +878,7 @@ class SmartExecutor(Executor):
         measured, stored = _earlier(fn)
         decision = decide(inspect_callable(fn), self._platform, self._options, measured, threads)
         decision = _from_earlier_run(decision, stored)
-        if INITIALIZER_BY_VALUE in decision.reasons:
+        if any(rule_of(r) == INITIALIZER_BY_VALUE_RULE for r in decision.reasons):
             warnings.warn(
                 f"{callable_name(fn)}: {INITIALIZER_BY_VALUE}", RuntimeWarning, stacklevel=3
             )
@@ -1001,7 +1006,7 @@ class SmartExecutor(Executor):
             if target.backend in ("fork", "loky") and not target.share:
                 # The threads reasons do not hold for this route, nor do the
                 # "holds" figures the target was decided with (none measured).
-                kept = tuple(r for r in target.reasons[1:] if not r.startswith("measured over"))
+                kept = tuple(r for r in target.reasons[1:] if rule_of(r) != MEASURED_RULE)
                 return dataclasses.replace(
                     target,
                     gil=decision.gil,
@@ -2530,14 +2535,14 @@ class SmartExecutor(Executor):
     def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
         """Start ``fn``'s next maps on ``decision``'s backend, saying why."""
         key = identity_key(fn)
-        reason = f"its last map: {why}"
+        reason = Reason(LAST_MAP_RULE, f"its last map: {why}")
         with self._lock:
             fast = self._fast_submits.get(key)
             if fast is not None and fast[1] is None and decision.backend != "thread":
                 del self._fast_submits[key]  # its submits follow the map's route again
             cached = self._decisions.get(key)
             if cached is not None and cached[0].matches(fn):
-                kept = tuple(r for r in decision.reasons if not r.startswith("its last map: "))
+                kept = tuple(r for r in decision.reasons if rule_of(r) != LAST_MAP_RULE)
                 if decision.backend in ("thread", "inline"):
                     kept = reasons_off_processes(kept)  # moved there on its figures
                 else:

@@ -74,6 +74,8 @@ from .inspection import CallableProfile, format_bytes
 __all__ = [
     "Options",
     "Decision",
+    "Reason",
+    "rule_of",
     "decide",
     "permits",
     "stoppable",
@@ -181,6 +183,39 @@ class Decision:
         return _display.decision_html(self)
 
 
+class Reason(str):
+    """One sentence of a :class:`Decision`'s reasons, with the id of the rule that gave it.
+
+    ``str()`` is the sentence, so logs, ``explain()`` and ``in`` tests read
+    as before; code that acts on a reason compares ``rule`` (never the
+    prose, which may be reworded). Plain strings among the reasons have no
+    rule (:func:`rule_of` gives None).
+    """
+
+    rule: str
+
+    def __new__(cls, rule: str, text: str) -> Reason:
+        made = super().__new__(cls, text)
+        made.rule = rule
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Reason, (self.rule, str(self)))
+
+
+def rule_of(reason: str) -> str | None:
+    """The rule id of ``reason`` (a :class:`Reason`), or None for a plain sentence."""
+    return reason.rule if isinstance(reason, Reason) else None
+
+
+#: Rule ids that code acts on (see :func:`reasons_off_processes`,
+#: :func:`measured_reasons` and the executor's route notes).
+GIL_UNKNOWN_RULE = "gil-unknown"
+REACHES_PROCESSES_RULE = "reaches-processes"
+MEASURED_RULE = "measured"
+LAST_MAP_RULE = "last-map"
+INITIALIZER_BY_VALUE_RULE = "initializer-by-value"
+
 #: The reason a callable not measured yet starts on processes; the words in
 #: parentheses say how it will be measured, and are dropped once it was
 #: (:func:`measured_reasons`).
@@ -199,8 +234,8 @@ def reasons_off_processes(reasons: tuple[str, ...]) -> tuple[str, ...]:
     (:data:`GIL_UNKNOWN`, now answered by the figures) and how its code
     reaches process workers.
     """
-    dropped = (GIL_UNKNOWN, "it pickles by reference;", "it cannot be pickled by reference;")
-    return tuple(reason for reason in reasons if not reason.startswith(dropped))
+    dropped = (GIL_UNKNOWN_RULE, REACHES_PROCESSES_RULE)
+    return tuple(reason for reason in reasons if rule_of(reason) not in dropped)
 
 
 def measured_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
@@ -209,8 +244,8 @@ def measured_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
     For the lines a map logs once its first chunks were measured: the reason
     its route was chosen stays, the promise of a measurement goes.
     """
-    unmeasured = (GIL_UNKNOWN + GIL_NOT_MEASURED, GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES)
-    return tuple(GIL_UNKNOWN if reason in unmeasured else reason for reason in reasons)
+    answered = Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN)
+    return tuple(answered if rule_of(reason) == GIL_UNKNOWN_RULE else reason for reason in reasons)
 
 
 #: Why a callable that its code hint sends to threads can still move.
@@ -239,11 +274,12 @@ def _describe(profile: CallableProfile) -> str:
 
 #: The reason (and the ``RuntimeWarning`` the executor gives) when an
 #: initializer is set and a callable's code must travel by value to loky.
-INITIALIZER_BY_VALUE = (
+INITIALIZER_BY_VALUE = Reason(
+    INITIALIZER_BY_VALUE_RULE,
     "an initializer is set, but this callable's code travels by value to loky workers "
     "(no fork route here): a pickled copy reads its own copy of its module's globals, "
     "not what the initializer set in the worker; define the callable and the "
-    "initializer in an importable module (they are then pickled by reference)"
+    "initializer in an importable module (they are then pickled by reference)",
 )
 
 
@@ -650,7 +686,10 @@ def _decide(
         else:
             how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
         return Decision(
-            "thread", _trusting(profile, what, str(measured), how), profile=profile, gil=measured
+            "thread",
+            _trusting(profile, what, Reason(MEASURED_RULE, str(measured)), how),
+            profile=profile,
+            gil=measured,
         )
     if measured is None and measurable and profile.code_hint is not None and threads_ok:
         return Decision(
@@ -665,11 +704,11 @@ def _decide(
     elif kept_off is not None and options.prefer is None:
         gil_reason = kept_off
     elif measured is not None:
-        gil_reason = str(measured)
+        gil_reason = Reason(MEASURED_RULE, str(measured))
     elif options.allow_inline:
-        gil_reason = GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES
+        gil_reason = Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES)
     else:
-        gil_reason = GIL_UNKNOWN + GIL_NOT_MEASURED
+        gil_reason = Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN + GIL_NOT_MEASURED)
     measure = (
         measurable
         and measured is None
@@ -686,10 +725,13 @@ def _decide(
                 (
                     what,
                     gil_reason,
-                    "it cannot be pickled by reference; fork workers (started in "
-                    "milliseconds, the parent's modules already imported) receive it by "
-                    "value with cloudpickle, as loky's would, without loky's interpreter "
-                    "start-up",
+                    Reason(
+                        REACHES_PROCESSES_RULE,
+                        "it cannot be pickled by reference; fork workers (started in "
+                        "milliseconds, the parent's modules already imported) receive it by "
+                        "value with cloudpickle, as loky's would, without loky's interpreter "
+                        "start-up",
+                    ),
                 ),
                 profile=profile,
                 measure=measure,
@@ -700,8 +742,11 @@ def _decide(
             (
                 what,
                 gil_reason,
-                f"it cannot be pickled by reference; {_no_fork(platform, options)}, so loky "
-                f"sends it by value with cloudpickle to fresh interpreters",
+                Reason(
+                    REACHES_PROCESSES_RULE,
+                    f"it cannot be pickled by reference; {_no_fork(platform, options)}, so "
+                    f"loky sends it by value with cloudpickle to fresh interpreters",
+                ),
             ),
             profile=profile,
             measure=measure,
@@ -714,8 +759,11 @@ def _decide(
             (
                 what,
                 gil_reason,
-                "it pickles by reference; fork workers start in milliseconds with the "
-                "parent's modules already imported",
+                Reason(
+                    REACHES_PROCESSES_RULE,
+                    "it pickles by reference; fork workers start in milliseconds with the "
+                    "parent's modules already imported",
+                ),
             ),
             profile=profile,
             measure=measure,
@@ -726,7 +774,9 @@ def _decide(
         (
             what,
             gil_reason,
-            f"it pickles by reference; {_no_fork(platform, options)}",
+            Reason(
+                REACHES_PROCESSES_RULE, f"it pickles by reference; {_no_fork(platform, options)}"
+            ),
         ),
         profile=profile,
         measure=measure,

@@ -260,3 +260,66 @@ def test_a_measurement_wins_over_the_code_hint():
     assert decide(hinted, LINUX, Options(), held).backend == "fork"
     waits = GilProfile("waits", 2, 0.02, 0.01, 0.0, 40)
     assert decide(hinted, LINUX, Options(), waits).gil == waits
+
+
+def test_reasons_that_code_acts_on_carry_rule_ids_and_read_as_their_text():
+    # Issue 33: code compares rule ids, never prose; str() stays the sentence.
+    from smartexec.policy import (
+        GIL_UNKNOWN,
+        GIL_UNKNOWN_RULE,
+        REACHES_PROCESSES_RULE,
+        Reason,
+        measured_reasons,
+        reasons_off_processes,
+        rule_of,
+    )
+
+    decision = decide(profile("function"), LINUX, Options())
+    rules = [rule_of(r) for r in decision.reasons]
+    assert GIL_UNKNOWN_RULE in rules and REACHES_PROCESSES_RULE in rules
+    assert all(isinstance(r, str) for r in decision.reasons)
+    assert reasons_off_processes(decision.reasons) == tuple(
+        r for r in decision.reasons if rule_of(r) not in (GIL_UNKNOWN_RULE, REACHES_PROCESSES_RULE)
+    )
+    reworded = (Reason(GIL_UNKNOWN_RULE, "reworded: it may hold the GIL"),)
+    assert reasons_off_processes(reworded) == ()  # by id, whatever the words
+    assert measured_reasons(reworded) == (GIL_UNKNOWN,)
+
+
+def _writing(kind_of_effect, **kwargs):
+    import dataclasses
+
+    from smartexec.effects import Effect, Effects
+
+    effects = Effects(found=(Effect(kind_of_effect, "writes module-level `_BUF`", "w.py:3"),))
+    return dataclasses.replace(profile("function", **kwargs), effects=effects)
+
+
+@pytest.mark.parametrize("kind_of_effect", ["shared", "process", "argument", "unread"])
+@pytest.mark.parametrize(
+    "hint",
+    [
+        {"gil_hint": "time.sleep waits without the GIL"},
+        {"code_hint": "its code calls time.sleep, with no loop or branch"},
+    ],
+)
+def test_row_0_effects_keep_every_thread_row_off(kind_of_effect, hint):
+    prof = _writing(kind_of_effect, **hint)
+    decision = decide(prof, LINUX, Options())
+    assert decision.backend == "fork"
+    assert any("kept off threads" in r for r in decision.reasons), decision
+    assert decide(prof, FREE_THREADED, Options()).backend == "fork"
+    measured = GilProfile("releases", 10, 0.05, 1.0, 0.0, 100)
+    assert decide(prof, LINUX, Options(), measured).backend == "fork"
+
+
+def test_row_0_gives_way_to_the_users_word():
+    from smartexec.policy import permits
+
+    prof = _writing("shared", gil_hint="time.sleep waits without the GIL")
+    assert decide(prof, LINUX, Options(prefer="threads")).backend == "thread"
+    assert decide(prof, LINUX, Options(backend="thread")).backend == "thread"
+    assert not permits(prof, "thread", Options())
+    assert permits(prof, "inline", Options())  # a loop here: items one at a time
+    assert not permits(_writing("process"), "inline", Options())
+    assert permits(prof, "fork", Options()) and permits(prof, "loky", Options())
