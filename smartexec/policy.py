@@ -5,31 +5,16 @@ a :class:`~smartexec._system.Platform` and the user's :class:`Options`. It start
 nothing and reads nothing from the host, so the whole routing table is tested
 by feeding it values (``tests/test_policy.py``).
 
-The table, first match wins:
-
-============================================  ==========  ==========================================
-the call                                      backend     why
-============================================  ==========  ==========================================
-(row 0) its effects forbid threads            --          the thread rows below do not apply
-  (:func:`permits`, :mod:`smartexec.effects`)
-``backend=`` given                            that one    the user decides
-acts on an object of this process (a queue's  thread      a process would act on a copy
-  ``get``, ``results.append``)
-state that cannot be pickled, fork available  fork        shared by copy-on-write, never pickled
-state over ``big_state_bytes``, fork avail.   fork        shared by copy-on-write, never pickled
-state over ``big_state_bytes``, no fork       loky        sent once per worker, cached there
-``prefer="threads"``                          thread      the user's hint
-known GIL-releasing callable                  thread      no pickling, threads run in parallel
-free-threaded build (GIL disabled)            thread      threads run Python code in parallel
-measured: waits or computes without the GIL   thread      no pickling, threads run in parallel
-unmeasured, straight-line code that calls    thread      measured on threads, moves if held
-  a GIL-releasing function; an ``operator``
-  function (one pass over its arguments)
-lambda / closure / nested / ``__main__``      fork        cloudpickle sends the code by value
-  ... where fork is not available             loky        the same, to fresh interpreters
-importable function, fork available           fork        real parallelism, fast worker start
-importable function, no fork                  loky        real parallelism
-============================================  ==========  ==========================================
+The table is :data:`TABLE`: one named :class:`Rule` per row, first match
+wins, from ``backend=`` given, through the callables that act on an object
+of this process (row 1b), big or unpicklable state (fork by copy-on-write,
+or sent once to loky), the thread rows (a GIL-releasing callable, a
+free-threaded build, a measurement, the code hint), to the process rows
+(by value or by reference, fork where it exists, else loky). Row 0 is
+:func:`permits`: the thread rows apply only where the callable's effects
+allow threads (:mod:`smartexec.effects`). docs/routing.md shows the table
+with every row's reason; tests/test_policy.py checks it against
+:data:`TABLE`, and every :class:`Decision` names its row (``rule``).
 
 "Sent once per worker" (``share=True`` on loky): the state is pickled once,
 its numpy buffers into shared memory, and each worker unpickles it at its
@@ -41,9 +26,10 @@ The "straight-line code" row reads the function's bytecode (:mod:`smartexec._cod
 spend their time in a call that releases the GIL. It is a first guess, not a
 verdict: the map's first chunks on threads measure the GIL, the rest moves to
 processes if they find it held, and that measurement routes the callable's
-next maps (submits stay on threads). Code that could act on the whole process,
-share global state, or call what the bytecode does not show gets no hint
-(:mod:`smartexec._code_hint` lists what). ``operator.add`` and its kin (not ``pow``, ``lshift``) take this row too:
+next maps (submits stay on threads). Code that calls what the bytecode does
+not show gets no hint (:mod:`smartexec._code_hint` lists what); code whose
+effects forbid threads never takes a thread row (row 0). ``operator.add``
+and its kin (not ``pow``, ``lshift``) take this row too:
 pickling their arguments to a process costs about what the one operation
 does (:func:`smartexec._code_hint.operator_hint`).
 
@@ -63,6 +49,7 @@ fork says loky instead, unless the state must be shared by copy-on-write.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -74,6 +61,8 @@ from .inspection import CallableProfile, format_bytes
 __all__ = [
     "Options",
     "Decision",
+    "Rule",
+    "TABLE",
     "Reason",
     "rule_of",
     "decide",
@@ -153,6 +142,8 @@ class Decision:
             routed to processes because it may hold the GIL, it has not been
             measured, and ``Options.allow_inline`` lets it run there).
         gil: the measurement the decision used, or None.
+        rule: the id of the :data:`TABLE` row that chose it (``""`` for a
+            decision made elsewhere: a move on measurements, an earlier run).
     """
 
     backend: str
@@ -162,6 +153,7 @@ class Decision:
     profile: CallableProfile | None = field(default=None, compare=False)
     measure: bool = False
     gil: GilProfile | None = None
+    rule: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         head = self.backend
@@ -560,225 +552,295 @@ def _trusting(profile: CallableProfile, *reasons: str) -> tuple[str, ...]:
     return reasons if note is None else (*reasons, note)
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What every row of the table reads, worked out once per decision."""
+
+    profile: CallableProfile
+    platform: Platform
+    options: Options
+    measured: GilProfile | None
+    what: str
+    threads_ok: bool
+    stateful: bool
+    big: bool
+    holder: str
+
+    @classmethod
+    def of(
+        cls,
+        profile: CallableProfile,
+        platform: Platform,
+        options: Options,
+        measured: GilProfile | None,
+    ) -> _Facts:
+        state = profile.state
+        return cls(
+            profile,
+            platform,
+            options,
+            measured,
+            _describe(profile),
+            permits(profile, "thread", options),
+            state.nbytes > 0 or state.error is not None,
+            state.capped or state.nbytes > options.big_state_bytes,
+            profile.state_holder or "its state",
+        )
+
+    @property
+    def measurable(self) -> bool:
+        """Whether a measurement may choose the route (the user gave no ``prefer=``)."""
+        return self.options.prefer is None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the routing table: its id, its row in docs/routing.md, and what it does.
+
+    ``apply`` returns the :class:`Decision` when the row matches, else None;
+    the first row that matches wins (:data:`TABLE`).
+    """
+
+    id: str
+    row: str
+    backend: str
+    apply: Callable[[_Facts], Decision | None] = field(repr=False)
+
+
+def _backend_given(f: _Facts) -> Decision | None:
+    backend, state = f.options.backend, f.profile.state
+    if backend is None:
+        return None
+    reasons = [f"backend={backend!r} was given", f.what]
+    share = False
+    if backend == "fork" and f.stateful and (f.big or state.error is not None):
+        share = True
+        reasons.append(f"{f.holder} ({state}) reaches fork workers by copy-on-write")
+    elif backend == "loky" and f.stateful and f.big and state.error is None:
+        share = True
+        reasons.append(f"{f.holder} ({state}) {_SENT_ONCE}")
+    return Decision(backend, tuple(reasons), share=share, profile=f.profile)
+
+
+def _in_process(f: _Facts) -> Decision | None:
+    # Before every other row: prefer="processes" is a hint for speed, and
+    # no speed is worth a result lost or a wait never woken.
+    if f.profile.in_process is None:
+        return None
+    why = "threads run it in this process, on the object itself"
+    return Decision("thread", (f.what, f.profile.in_process, why), profile=f.profile)
+
+
+_AS_IT_WAS = (
+    "workers see the object as it was when map() or submit() was called "
+    "(each call forks fresh workers: the state cannot be fingerprinted)"
+)
+
+
+def _unpicklable_state(f: _Facts) -> Decision | None:
+    # Without fork, fall through: the process backend's pickling error names the part.
+    error = f.profile.state.error
+    if error is None or not f.platform.has_fork:
+        return None
+    reasons = (
+        f.what,
+        f"{f.holder} cannot be pickled ({error})",
+        "fork workers reach it by copy-on-write through a module-level "
+        "trampoline, so it is never pickled",
+        _AS_IT_WAS,
+    )
+    return Decision("fork", reasons, share=True, profile=f.profile)
+
+
+def _size(f: _Facts) -> str:
+    return f"{f.holder} holds {f.profile.state} (over {format_bytes(f.options.big_state_bytes)})"
+
+
+def _big_state_fork(f: _Facts) -> Decision | None:
+    if not (f.big and f.stateful and f.platform.has_fork):
+        return None
+    reasons = (
+        f.what,
+        _size(f),
+        "fork workers reach it by copy-on-write through a module-level trampoline; it is "
+        "never pickled",
+        "workers see the object as it was when map() or submit() was called (a map forks "
+        "fresh workers; a submit reuses them while a digest of the state is unchanged)",
+    )
+    return Decision("fork", reasons, share=True, profile=f.profile)
+
+
+def _big_state_sent_once(f: _Facts) -> Decision | None:
+    if not (f.big and f.stateful) or f.platform.has_fork:
+        return None
+    options = f.options
+    threads_fit = options.prefer == "threads" or (
+        options.prefer != "processes"
+        and f.threads_ok
+        and (f.profile.gil_hint is not None or not f.platform.gil_enabled)
+    )
+    if threads_fit:  # the rows below send it to threads, with no copy at all
+        return None
+    reasons = (
+        f.what,
+        _size(f),
+        f"{_no_fork(f.platform, options)}, so it is {_SENT_ONCE}",
+        "workers reuse the copy they received only while it is proven unchanged "
+        "(compared with what was sent, at each map or submit); prefer='threads' shares "
+        "it with no copy at all",
+    )
+    return Decision("loky", reasons, share=True, profile=f.profile)
+
+
+def _prefer_threads(f: _Facts) -> Decision | None:
+    if f.options.prefer != "threads":
+        return None
+    return Decision("thread", ("prefer='threads' was given", f.what), profile=f.profile)
+
+
+def _threads_allowed(f: _Facts) -> bool:
+    """The thread rows below apply: no ``prefer="processes"``, and the effects permit (row 0)."""
+    return f.options.prefer != "processes" and f.threads_ok
+
+
+def _releases_gil(f: _Facts) -> Decision | None:
+    hint = f.profile.gil_hint
+    if hint is None or not _threads_allowed(f):
+        return None
+    reasons = _trusting(f.profile, f.what, hint, "threads run it in parallel with no pickling")
+    return Decision("thread", reasons, profile=f.profile)
+
+
+def _free_threaded(f: _Facts) -> Decision | None:
+    if f.platform.gil_enabled or not _threads_allowed(f):
+        return None
+    why = "the GIL is disabled (free-threaded build): threads run Python code in parallel"
+    return Decision("thread", (f.what, why), profile=f.profile)
+
+
+def _measured_threads(f: _Facts) -> Decision | None:
+    measured, cpus = f.measured, f.platform.cpu_count
+    if measured is None or not f.measurable or measured.kind == "holds" or not f.threads_ok:
+        return None
+    at_once = measured.at_once(cpus)
+    if measured.cores < MANY_CORES:
+        how = "threads run it in parallel with no pickling"
+    elif at_once <= 1:
+        how = (
+            f"one item already keeps the {cpus} cores busy: a map runs it in the calling "
+            f"thread, one item after another (more at once would oversubscribe the cores)"
+        )
+    else:
+        how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
+    reasons = _trusting(f.profile, f.what, Reason(MEASURED_RULE, str(measured)), how)
+    return Decision("thread", reasons, profile=f.profile, gil=measured)
+
+
+def _code_hint(f: _Facts) -> Decision | None:
+    hint = f.profile.code_hint
+    if f.measured is not None or not f.measurable or hint is None or not f.threads_ok:
+        return None
+    reasons = _trusting(f.profile, f.what, hint, CODE_HINT_THREADS)
+    return Decision("thread", reasons, profile=f.profile, measure=f.options.allow_inline)
+
+
+def _gil_reason(f: _Facts) -> str:
+    """Why the process rows run it: it may hold the GIL, was measured to, or row 0."""
+    kept_off = f.profile.effects.reason("thread") if not f.threads_ok else None
+    if f.options.prefer == "processes":
+        return "prefer='processes' was given"
+    if kept_off is not None and f.options.prefer is None:
+        return kept_off
+    if f.measured is not None:
+        return Reason(MEASURED_RULE, str(f.measured))
+    tail = GIL_FIRST_MAP_MEASURES if f.options.allow_inline else GIL_NOT_MEASURED
+    return Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN + tail)
+
+
+def _on_processes(f: _Facts, backend: str, how: str) -> Decision:
+    """A process row's decision: why processes, and how the code reaches them."""
+    measure = (
+        f.measurable
+        and f.measured is None
+        and f.options.allow_inline
+        and f.threads_ok
+        and permits(f.profile, "inline", f.options)
+    )
+    return Decision(
+        backend,
+        (f.what, _gil_reason(f), Reason(REACHES_PROCESSES_RULE, how)),
+        profile=f.profile,
+        measure=measure,
+        gil=f.measured if f.measurable else None,
+    )
+
+
+def _by_value_fork(f: _Facts) -> Decision | None:
+    if f.profile.by_reference or not f.platform.has_fork:
+        return None
+    how = (
+        "it cannot be pickled by reference; fork workers (started in milliseconds, the "
+        "parent's modules already imported) receive it by value with cloudpickle, as "
+        "loky's would, without loky's interpreter start-up"
+    )
+    return _on_processes(f, "fork", how)
+
+
+def _by_value_loky(f: _Facts) -> Decision | None:
+    if f.profile.by_reference:
+        return None
+    how = (
+        f"it cannot be pickled by reference; {_no_fork(f.platform, f.options)}, so loky "
+        f"sends it by value with cloudpickle to fresh interpreters"
+    )
+    return _on_processes(f, "loky", how)
+
+
+def _importable_fork(f: _Facts) -> Decision | None:
+    if not f.platform.has_fork:
+        return None
+    how = (
+        "it pickles by reference; fork workers start in milliseconds with the parent's "
+        "modules already imported"
+    )
+    return _on_processes(f, "fork", how)
+
+
+def _importable_loky(f: _Facts) -> Decision | None:
+    return _on_processes(f, "loky", f"it pickles by reference; {_no_fork(f.platform, f.options)}")
+
+
+#: The routing table, first match wins; ``row`` is the row's number in
+#: docs/routing.md (row 0, the effects, is :func:`permits`, which the thread
+#: rows consult). tests/test_policy.py checks the docs' table against it.
+TABLE: tuple[Rule, ...] = (
+    Rule("backend-given", "1", "the one given", _backend_given),
+    Rule("in-process", "1b", "thread", _in_process),
+    Rule("unpicklable-state", "2", "fork", _unpicklable_state),
+    Rule("big-state-fork", "3", "fork", _big_state_fork),
+    Rule("big-state-sent-once", "4", "loky", _big_state_sent_once),
+    Rule("prefer-threads", "5", "thread", _prefer_threads),
+    Rule("releases-gil", "6", "thread", _releases_gil),
+    Rule("free-threaded", "7", "thread", _free_threaded),
+    Rule("measured-threads", "8", "thread", _measured_threads),
+    Rule("code-hint", "8b", "thread", _code_hint),
+    Rule("by-value-fork", "9", "fork", _by_value_fork),
+    Rule("by-value-loky", "9b", "loky", _by_value_loky),
+    Rule("importable-fork", "10", "fork", _importable_fork),
+    Rule("importable-loky", "11", "loky", _importable_loky),
+)
+
+
 def _decide(
     profile: CallableProfile,
     platform: Platform,
     options: Options,
     measured: GilProfile | None = None,
 ) -> Decision:
-    """Walk the module docstring's table for :func:`decide` (same arguments)."""
-    what = _describe(profile)
-    threads_ok = permits(profile, "thread", options)
-    state = profile.state
-    stateful = state.nbytes > 0 or state.error is not None
-    big = state.capped or state.nbytes > options.big_state_bytes
-    holder = profile.state_holder or "its state"
-
-    if options.backend is not None:
-        reasons = [f"backend={options.backend!r} was given", what]
-        share = False
-        if options.backend == "fork" and stateful and (big or state.error is not None):
-            share = True
-            reasons.append(f"{holder} ({state}) reaches fork workers by copy-on-write")
-        elif options.backend == "loky" and stateful and big and state.error is None:
-            share = True
-            reasons.append(f"{holder} ({state}) {_SENT_ONCE}")
-        return Decision(options.backend, tuple(reasons), share=share, profile=profile)
-
-    if profile.in_process is not None:
-        # Before every other row: prefer="processes" is a hint for speed,
-        # and no speed is worth a result lost or a wait never woken.
-        return Decision(
-            "thread",
-            (what, profile.in_process, "threads run it in this process, on the object itself"),
-            profile=profile,
-        )
-
-    if state.error is not None:
-        if platform.has_fork:
-            return Decision(
-                "fork",
-                (
-                    what,
-                    f"{holder} cannot be pickled ({state.error})",
-                    "fork workers reach it by copy-on-write through a module-level "
-                    "trampoline, so it is never pickled",
-                    "workers see the object as it was when map() or submit() was called "
-                    "(each call forks fresh workers: the state cannot be fingerprinted)",
-                ),
-                share=True,
-                profile=profile,
-            )
-        # Fall through: the process backend's pickling error will name the part.
-
-    if big and stateful:
-        size = f"{holder} holds {state} (over {format_bytes(options.big_state_bytes)})"
-        if platform.has_fork:
-            return Decision(
-                "fork",
-                (
-                    what,
-                    size,
-                    "fork workers reach it by copy-on-write through a module-level "
-                    "trampoline; it is never pickled",
-                    "workers see the object as it was when map() or submit() was called "
-                    "(a map forks fresh workers; a submit reuses them while a digest of "
-                    "the state is unchanged)",
-                ),
-                share=True,
-                profile=profile,
-            )
-        threads_fit = options.prefer == "threads" or (
-            options.prefer != "processes"
-            and threads_ok
-            and (profile.gil_hint is not None or not platform.gil_enabled)
-        )
-        if not threads_fit:  # the rows below send such callables to threads
-            return Decision(
-                "loky",
-                (
-                    what,
-                    size,
-                    f"{_no_fork(platform, options)}, so it is {_SENT_ONCE}",
-                    "workers reuse the copy they received only while it is proven "
-                    "unchanged (compared with what was sent, at each map or submit); "
-                    "prefer='threads' shares it with no copy at all",
-                ),
-                share=True,
-                profile=profile,
-            )
-
-    if options.prefer == "threads":
-        return Decision("thread", ("prefer='threads' was given", what), profile=profile)
-
-    if profile.gil_hint is not None and options.prefer != "processes" and threads_ok:
-        return Decision(
-            "thread",
-            _trusting(
-                profile, what, profile.gil_hint, "threads run it in parallel with no pickling"
-            ),
-            profile=profile,
-        )
-
-    if not platform.gil_enabled and options.prefer != "processes" and threads_ok:
-        return Decision(
-            "thread",
-            (
-                what,
-                "the GIL is disabled (free-threaded build): threads run Python code in parallel",
-            ),
-            profile=profile,
-        )
-
-    # From here on the callable goes to processes because it may hold the GIL;
-    # a measurement (unless the user said prefer="processes") can say otherwise.
-    measurable = options.prefer is None
-    if measured is not None and measurable and measured.kind != "holds" and threads_ok:
-        at_once = measured.at_once(platform.cpu_count)
-        if measured.cores < MANY_CORES:
-            how = "threads run it in parallel with no pickling"
-        elif at_once <= 1:
-            how = (
-                f"one item already keeps the {platform.cpu_count} cores busy: a map runs "
-                f"it in the calling thread, one item after another (more at once would "
-                f"oversubscribe the cores)"
-            )
-        else:
-            how = f"one item keeps {measured.cores:.1f} cores busy: about {at_once} run at once"
-        return Decision(
-            "thread",
-            _trusting(profile, what, Reason(MEASURED_RULE, str(measured)), how),
-            profile=profile,
-            gil=measured,
-        )
-    if measured is None and measurable and profile.code_hint is not None and threads_ok:
-        return Decision(
-            "thread",
-            _trusting(profile, what, profile.code_hint, CODE_HINT_THREADS),
-            profile=profile,
-            measure=options.allow_inline,
-        )
-    kept_off = profile.effects.reason("thread") if not threads_ok else None
-    if options.prefer == "processes":
-        gil_reason = "prefer='processes' was given"
-    elif kept_off is not None and options.prefer is None:
-        gil_reason = kept_off
-    elif measured is not None:
-        gil_reason = Reason(MEASURED_RULE, str(measured))
-    elif options.allow_inline:
-        gil_reason = Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN + GIL_FIRST_MAP_MEASURES)
-    else:
-        gil_reason = Reason(GIL_UNKNOWN_RULE, GIL_UNKNOWN + GIL_NOT_MEASURED)
-    measure = (
-        measurable
-        and measured is None
-        and options.allow_inline
-        and threads_ok
-        and permits(profile, "inline", options)
-    )
-    gil = measured if measurable else None
-
-    if not profile.by_reference:
-        if platform.has_fork:
-            return Decision(
-                "fork",
-                (
-                    what,
-                    gil_reason,
-                    Reason(
-                        REACHES_PROCESSES_RULE,
-                        "it cannot be pickled by reference; fork workers (started in "
-                        "milliseconds, the parent's modules already imported) receive it by "
-                        "value with cloudpickle, as loky's would, without loky's interpreter "
-                        "start-up",
-                    ),
-                ),
-                profile=profile,
-                measure=measure,
-                gil=gil,
-            )
-        return Decision(
-            "loky",
-            (
-                what,
-                gil_reason,
-                Reason(
-                    REACHES_PROCESSES_RULE,
-                    f"it cannot be pickled by reference; {_no_fork(platform, options)}, so "
-                    f"loky sends it by value with cloudpickle to fresh interpreters",
-                ),
-            ),
-            profile=profile,
-            measure=measure,
-            gil=gil,
-        )
-
-    if platform.has_fork:
-        return Decision(
-            "fork",
-            (
-                what,
-                gil_reason,
-                Reason(
-                    REACHES_PROCESSES_RULE,
-                    "it pickles by reference; fork workers start in milliseconds with the "
-                    "parent's modules already imported",
-                ),
-            ),
-            profile=profile,
-            measure=measure,
-            gil=gil,
-        )
-    return Decision(
-        "loky",
-        (
-            what,
-            gil_reason,
-            Reason(
-                REACHES_PROCESSES_RULE, f"it pickles by reference; {_no_fork(platform, options)}"
-            ),
-        ),
-        profile=profile,
-        measure=measure,
-        gil=gil,
-    )
+    """Walk :data:`TABLE` for :func:`decide` (same arguments): the first row that matches."""
+    facts = _Facts.of(profile, platform, options, measured)
+    for rule in TABLE:
+        decision = rule.apply(facts)
+        if decision is not None:
+            return replace(decision, rule=rule.id)
+    raise AssertionError("the last row always matches")  # pragma: no cover

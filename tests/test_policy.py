@@ -323,3 +323,31 @@ def test_row_0_gives_way_to_the_users_word():
     assert permits(prof, "inline", Options())  # a loop here: items one at a time
     assert not permits(_writing("process"), "inline", Options())
     assert permits(prof, "fork", Options()) and permits(prof, "loky", Options())
+
+
+def test_the_docs_routing_table_has_the_policys_rows_in_order():
+    # Issue 33: one routing table; docs/routing.md's rows are the policy's
+    # TABLE (plus row 0, the effects, which permits() applies to the thread rows).
+    import pathlib
+    import re
+
+    from smartexec.policy import TABLE
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "routing.md").read_text()
+    section = text.split("## The routing table", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+b?) \| [^|]+ \| ([^|]+) \|", section, re.MULTILINE)
+    assert [row for row, _ in rows] == ["0"] + [rule.row for rule in TABLE]
+    for (_, backend), rule in zip(rows[1:], TABLE):
+        if rule.backend in ("thread", "fork", "loky"):
+            assert f"`{rule.backend}`" in backend, (rule, backend)
+
+
+def test_every_decision_names_the_row_that_chose_it():
+    from smartexec.policy import TABLE
+
+    ids = {rule.id for rule in TABLE}
+    for prof in (profile("function"), profile("lambda", by_reference=False)):
+        for options in (Options(), Options(prefer="threads"), Options(backend="loky")):
+            assert decide(prof, LINUX, options).rule in ids
+    assert decide(profile("function"), LINUX, Options()).rule == "importable-fork"
+    assert decide(profile("function"), NO_FORK, Options()).rule == "importable-loky"
