@@ -63,6 +63,8 @@ __all__ = [
     "Decision",
     "Rule",
     "TABLE",
+    "Override",
+    "OVERRIDES",
     "Reason",
     "rule_of",
     "decide",
@@ -291,8 +293,8 @@ def decide(
 ) -> Decision:
     """Choose the backend for ``profile`` on ``platform`` under ``options``.
 
-    Pure: it reads only its arguments. The table is in this module's
-    docstring; then:
+    Pure: it reads only its arguments. It walks :data:`TABLE`, then applies
+    :data:`OVERRIDES` in order, each a named rule:
 
     * inside a smartexec worker process (``platform.in_worker``), work the
       table sends to processes runs inline: the outer executor's workers
@@ -335,124 +337,164 @@ def decide(
         )
     decision = _decide(profile, platform, options, measured)
     if fork_off and with_fork.backend == "fork" and decision.backend != "fork":
-        decision = replace(
+        decision = _add(
             decision,
-            reasons=(
-                *decision.reasons,
-                f"mp_context uses start method {options.start_method!r}: process work goes "
-                f"to loky, whose workers start as fresh interpreters, not to fork workers",
-            ),
+            "mp-context",
+            f"mp_context uses start method {options.start_method!r}: process work goes "
+            f"to loky, whose workers start as fresh interpreters, not to fork workers",
         )
-    if (
-        other_threads > 0
-        and options.backend is None
-        and decision.backend == "fork"
-        and not platform.in_worker
-    ):
-        threads = f"{other_threads} other thread{'s are' if other_threads != 1 else ' is'}"
-        if decision.share:
-            decision = replace(
-                decision,
-                reasons=(
-                    *decision.reasons,
-                    f"{threads} running in this process; sharing the object needs fork "
-                    f"all the same: each pool forks one single-threaded zygote, with "
-                    f"smartexec's own threads paused, and the zygote forks the workers",
-                ),
-            )
-        else:
-            decision = replace(
-                decision,
-                backend="loky",
-                reasons=(
-                    *decision.reasons,
-                    f"{threads} running in this process: forking it would copy any lock "
-                    f"they hold (a deadlock risk; Python 3.12+ warns), so loky starts "
-                    f"the workers instead, without forking this process",
-                ),
-            )
-    if platform.in_worker and options.backend is None and decision.backend in ("fork", "loky"):
-        return replace(
+    situation = _Situation(profile, platform, options, other_threads)
+    for override in OVERRIDES:
+        decision = override.apply(situation, decision)
+    return decision
+
+
+@dataclass(frozen=True)
+class _Situation:
+    """What the overrides read besides the decision: the callable, the host, the user, threads."""
+
+    profile: CallableProfile
+    platform: Platform
+    options: Options
+    other_threads: int
+
+    @property
+    def free_to_move(self) -> bool:
+        """The user fixed no backend: an override may move the work."""
+        return self.options.backend is None
+
+
+@dataclass(frozen=True)
+class Override:
+    """A rule applied after the table, in :data:`OVERRIDES` order: it may change the decision."""
+
+    id: str
+    apply: Callable[[_Situation, Decision], Decision] = field(repr=False)
+
+
+def _add(decision: Decision, rule: str, text: str, **changes: Any) -> Decision:
+    """``decision`` with ``changes`` and one more reason, ``Reason(rule, text)``."""
+    return replace(decision, reasons=(*decision.reasons, Reason(rule, text)), **changes)
+
+
+def _other_threads_override(s: _Situation, decision: Decision) -> Decision:
+    if not s.other_threads or not s.free_to_move or decision.backend != "fork":
+        return decision
+    if s.platform.in_worker:
+        return decision
+    n = s.other_threads
+    threads = f"{n} other thread{'s are' if n != 1 else ' is'}"
+    if decision.share:
+        return _add(
             decision,
-            backend="inline",
-            share=False,
-            measure=False,
-            reasons=(
-                *decision.reasons,
-                "this process is itself a smartexec worker: the outer executor's workers "
-                "already use the cores, so this nested work runs inline",
-            ),
+            "other-threads",
+            f"{threads} running in this process; sharing the object needs fork all the "
+            f"same: each pool forks one single-threaded zygote, with smartexec's own "
+            f"threads paused, and the zygote forks the workers",
         )
-    if (
+    return _add(
+        decision,
+        "other-threads",
+        f"{threads} running in this process: forking it would copy any lock they hold (a "
+        f"deadlock risk; Python 3.12+ warns), so loky starts the workers instead, without "
+        f"forking this process",
+        backend="loky",
+    )
+
+
+def _nested_worker(s: _Situation, decision: Decision) -> Decision:
+    if not (s.platform.in_worker and s.free_to_move and decision.backend in ("fork", "loky")):
+        return decision
+    return _add(
+        decision,
+        "nested-worker",
+        "this process is itself a smartexec worker: the outer executor's workers already "
+        "use the cores, so this nested work runs inline",
+        backend="inline",
+        share=False,
+        measure=False,
+    )
+
+
+def _initializer_on_processes(s: _Situation, decision: Decision) -> Decision:
+    options = s.options
+    if not (
         options.initializer
-        and options.backend is None
+        and s.free_to_move
         and options.prefer != "threads"
         and decision.backend == "thread"
-        and profile.in_process is None  # row 1b: the thread backend runs the initializer too
+        and s.profile.in_process is None  # row 1b: the thread backend runs the initializer too
     ):
-        fork_ok = (
-            platform.has_fork and options.start_method in (None, "fork") and other_threads == 0
-        )
-        target = "fork" if fork_ok else "loky"
-        decision = replace(
-            decision,
-            backend=target,
-            share=False,
-            measure=False,
-            reasons=(
-                *decision.reasons,
-                f"an initializer is set: as with ProcessPoolExecutor, it prepares worker "
-                f"processes, so this call runs on {target} workers, not on threads of this "
-                f'process (where the initializer would run too); prefer="threads" keeps it '
-                f"on threads",
-            ),
-        )
-    if (
-        options.retires_workers
-        and options.backend is None
+        return decision
+    fork_ok = (
+        s.platform.has_fork and options.start_method in (None, "fork") and s.other_threads == 0
+    )
+    target = "fork" if fork_ok else "loky"
+    return _add(
+        decision,
+        "initializer-processes",
+        f"an initializer is set: as with ProcessPoolExecutor, it prepares worker processes, "
+        f"so this call runs on {target} workers, not on threads of this process (where the "
+        f'initializer would run too); prefer="threads" keeps it on threads',
+        backend=target,
+        share=False,
+        measure=False,
+    )
+
+
+def _retires_workers(s: _Situation, decision: Decision) -> Decision:
+    if not (
+        s.options.retires_workers
+        and s.free_to_move
         and decision.backend == "loky"
-        and platform.has_fork
+        and s.platform.has_fork
     ):
-        decision = replace(
+        return decision
+    return _add(
+        decision,
+        "max-tasks-per-child",
+        "max_tasks_per_child is set: fork workers (which send code by value with "
+        "cloudpickle too) are retired after that many calls; loky's cannot be",
+        backend="fork",
+    )
+
+
+def _initializer_shares(s: _Situation, decision: Decision) -> Decision:
+    by_value = not decision.share and not s.profile.by_reference
+    if not (s.options.initializer and by_value and decision.backend in ("fork", "loky")):
+        return decision
+    if s.options.backend in (None, "fork") and s.platform.has_fork:
+        return _add(
             decision,
-            backend="fork",
-            reasons=(
-                *decision.reasons,
-                "max_tasks_per_child is set: fork workers (which send code by value with "
-                "cloudpickle too) are retired after that many calls; loky's cannot be",
-            ),
-        )
-    if (
-        options.initializer
-        and options.backend in (None, "fork")
-        and decision.backend in ("fork", "loky")
-        and not decision.share
-        and not profile.by_reference
-        and platform.has_fork
-    ):
-        decision = replace(
-            decision,
+            "initializer-shares",
+            "an initializer is set and this callable's code travels by value: a pickled "
+            "copy would read its own copy of its module's globals, never what the "
+            "initializer set in the worker; fork workers inherit the callable instead (by "
+            "copy-on-write), so it reads the worker's globals",
             backend="fork",
             share=True,
             measure=False,
-            reasons=(
-                *decision.reasons,
-                "an initializer is set and this callable's code travels by value: a pickled "
-                "copy would read its own copy of its module's globals, never what the "
-                "initializer set in the worker; fork workers inherit the callable instead "
-                "(by copy-on-write), so it reads the worker's globals",
-            ),
         )
-    if (
-        options.initializer
-        and decision.backend == "loky"
-        and not decision.share
-        and not profile.by_reference
-    ):
-        decision = replace(decision, reasons=(*decision.reasons, INITIALIZER_BY_VALUE))
-    if options.stoppable:
-        return stoppable(decision, platform, options, other_threads)
+    if decision.backend == "loky":
+        return replace(decision, reasons=(*decision.reasons, INITIALIZER_BY_VALUE))
     return decision
+
+
+def _task_timeout(s: _Situation, decision: Decision) -> Decision:
+    if not s.options.stoppable:
+        return decision
+    return stoppable(decision, s.platform, s.options, s.other_threads)
+
+
+#: The rules applied after :data:`TABLE`, in order (see :func:`decide`).
+OVERRIDES: tuple[Override, ...] = (
+    Override("other-threads", _other_threads_override),
+    Override("nested-worker", _nested_worker),
+    Override("initializer-processes", _initializer_on_processes),
+    Override("max-tasks-per-child", _retires_workers),
+    Override("initializer-shares", _initializer_shares),
+    Override("task-timeout", _task_timeout),
+)
 
 
 def stoppable(
