@@ -52,6 +52,16 @@ from ._mapping import (
     stream_values,
     then_raise,
 )
+from ._reasons import (
+    INITIALIZER_BY_VALUE,
+    INITIALIZER_BY_VALUE_RULE,
+    LAST_MAP_RULE,
+    MEASURED_RULE,
+    Reason,
+    measured_reasons,
+    reasons_off_processes,
+    rule_of,
+)
 from ._remote import _NO_KWARGS, Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
 from ._submit_learning import (
@@ -84,19 +94,11 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
     BIG_STATE_BYTES,
-    INITIALIZER_BY_VALUE,
-    INITIALIZER_BY_VALUE_RULE,
-    LAST_MAP_RULE,
-    MEASURED_RULE,
     PREFER_VALUES,
     Decision,
     Options,
-    Reason,
     decide,
-    measured_reasons,
     permits,
-    reasons_off_processes,
-    rule_of,
     stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track

@@ -264,7 +264,7 @@ def test_a_measurement_wins_over_the_code_hint():
 
 def test_reasons_that_code_acts_on_carry_rule_ids_and_read_as_their_text():
     # Issue 33: code compares rule ids, never prose; str() stays the sentence.
-    from smartexec.policy import (
+    from smartexec._reasons import (
         GIL_UNKNOWN,
         GIL_UNKNOWN_RULE,
         REACHES_PROCESSES_RULE,

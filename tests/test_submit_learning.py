@@ -20,6 +20,7 @@ import weakref
 import pytest
 
 from smartexec import SmartExecutor
+from smartexec._reasons import GIL_UNKNOWN
 from smartexec._remote import ChunkResult
 from smartexec._submit_learning import (
     CHEAP_CALL_S,
@@ -34,7 +35,6 @@ from smartexec._submit_learning import (
     judge,
 )
 from smartexec.gil import GilProfile
-from smartexec.policy import GIL_UNKNOWN
 
 pytestmark = pytest.mark.timeout(90)
 
