@@ -99,6 +99,11 @@ _support = importlib.import_module("test.support")
 STALE_WAIT_S = 5.0
 #: Seconds a child interpreter of the shutdown scenarios may run (they take ~2 s).
 CHILD_TIMEOUT_S = 20.0
+#: Seconds the adapted del/shutdown(wait=False) tests wait for the executor's
+#: threads to end (CPython joins them with no bound; this one only turns a
+#: hang into a failure): loky's manager thread ends once its workers have,
+#: and five fresh interpreters take seconds to start on a busy 2-core machine.
+THREADS_END_S = 60.0
 #: Seconds the deadlock tests wait for a result before calling it a deadlock
 #: (CPython's support.LONG_TIMEOUT, 5 minutes, is past this module's timeout).
 DEADLOCK_WAIT_S = 60.0
@@ -361,10 +366,9 @@ class AdaptedShutdownTests:
 
     def _assert_all_end(self, threads: list[threading.Thread], after: str) -> None:
         for thread in threads:
-            thread.join(_support.SHORT_TIMEOUT)
+            thread.join(THREADS_END_S)
             self.assertFalse(  # type: ignore[attr-defined]
-                thread.is_alive(),
-                f"{thread.name} still ran {_support.SHORT_TIMEOUT:g} s after {after}",
+                thread.is_alive(), f"{thread.name} still ran {THREADS_END_S:g} s after {after}"
             )
 
     def test_del_shutdown(self) -> None:

@@ -454,3 +454,22 @@ def test_map_timeout_holds_while_an_argument_takes_long_to_pickle():
         with pytest.raises(concurrent.futures.TimeoutError):
             list(results)
         assert not SlowToPickle.pickled.is_set()  # raised before one pickle had ended
+
+
+@pytest.mark.parametrize("backend", [None, "fork"])
+def test_after_a_shutdown_that_does_not_wait_the_dispatcher_ends_with_its_work(backend):
+    # Issue 32 (CPython's test_shutdown_no_wait, adapted in
+    # test_cpython_conformance.py for 3.10 and 3.13): after
+    # shutdown(wait=False), with the map's results unread, the pool runs
+    # every item, then its dispatcher stops the workers and ends.
+    children = set(child_processes(os.getpid()))
+    before = set(threading.enumerate())
+    ex = SmartExecutor(2, backend=backend)
+    results = ex.map(double_slowly, range(500))
+    threads = [thread for thread in threading.enumerate() if thread not in before]
+    ex.shutdown(wait=False)
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), thread.name
+    assert set(child_processes(os.getpid())) <= children  # its workers and zygote are gone
+    assert list(results) == [2 * x for x in range(500)]
