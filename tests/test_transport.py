@@ -672,3 +672,77 @@ def test_code_sent_by_value_keeps_the_file_it_was_defined_in():
     with pytest.raises(ZeroDivisionError) as caught:
         sent(0)
     assert "1 / x" in str(caught.getrepr())  # the source line is found again
+
+
+# -- shared memory and limits (issue 32) ------------------------------------------
+
+
+class _RecordingOs:
+    """``os`` as :mod:`smartexec._shm` sees it, with ``pread`` and ``close`` watched.
+
+    Each thread's first ``pread`` waits for the other thread's (a barrier):
+    both have then read the same replies as acknowledged before either closes
+    one. ``close`` records each call, and closes a descriptor for real only
+    the first time (a second close fails with ``EBADF``, as it would, and
+    never reaches a descriptor this test process opened meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self.closed: list[int] = []
+        self.barrier = threading.Barrier(2, timeout=30)  # a hang guard, not a timing
+        self.waited: set[int] = set()
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def pread(self, fd, n, offset):
+        if threading.get_ident() not in self.waited:
+            self.waited.add(threading.get_ident())
+            self.barrier.wait()
+        return os.pread(fd, n, offset)
+
+    def close(self, fd):
+        with self.lock:
+            again = fd in self.closed
+            self.closed.append(fd)
+        if again:
+            raise OSError(9, "Bad file descriptor (closed twice)")
+        os.close(fd)
+
+
+def test_two_threads_releasing_the_same_replies_close_each_descriptor_once(monkeypatch):
+    """Issue 32: a worker's two threads closed one reply's descriptor twice.
+
+    The main thread (at its next request) and the releaser thread both read
+    the acknowledgement bytes, then both closed the same descriptor: the
+    second close failed (the worker exited, its item failed; about 1 call
+    in 45,000 with 1 MiB results), or closed a newer reply that had taken
+    its number. Forced here: both threads have read every reply as
+    acknowledged before either goes on.
+    """
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setattr(_shm, "_start_releaser", lambda: None)  # no third thread
+    names = [_shm.create(memoryview(b"x" * 64), owner=os.getpid()) for _ in range(3)]
+    for name in names:
+        _shm.attach(name, 64, private=False)  # what the parent does: acknowledges
+    fds = sorted(int(name.split(":")[2]) for name in names)
+    fake = _RecordingOs()
+    monkeypatch.setattr(_shm, "os", fake)
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            _shm.release_acknowledged()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=release) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    monkeypatch.setattr(_shm, "os", os)
+    assert sorted(fake.closed) == fds and errors == []
+    assert _shm.release_acknowledged() == 0 and ours() == set()
