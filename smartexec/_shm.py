@@ -26,6 +26,8 @@ anywhere to sweep.
   at its next :func:`create` or :func:`release_acknowledged`. A worker whose
   parent died before reading exits, and its memory goes with it.
 * A forked child closes the descriptors it inherited (``register_at_fork``).
+* A mapping holds no descriptor (:func:`_map`), on any Python: keeping
+  thousands of results needs no open file each.
 
 **Named segments (the fallback)**, where ``os.memfd_create`` or ``/proc``
 is missing, or ``SMARTEXEC_SHM=named`` is set: a POSIX shared-memory object
@@ -63,6 +65,7 @@ import secrets
 import sys
 import threading
 import time
+from typing import Any
 
 __all__ = [
     "PREFIX",
@@ -95,9 +98,12 @@ _WRITE_BYTES = 1 << 30
 #: The acknowledgement byte a reader sets after a reply's data.
 _ACK = b"\x01"
 
-#: Python 3.13+: a mapping keeps no copy of its file descriptor (before, each
-#: mapped buffer, every result array included, holds one open file).
-_NO_FD_COPY: dict[str, bool] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+#: Python 3.13+: ``mmap.mmap`` can map a file without keeping a copy of its
+#: descriptor. Before, :func:`_map` maps it through the C library, so that no
+#: mapped buffer (every result array kept) holds an open file.
+_TRACKFD = sys.version_info >= (3, 13)
+#: ``mmap(2)``'s flag to map at a given address (the same on Linux, macOS, BSDs).
+_MAP_FIXED = 0x10
 
 _counter = itertools.count(1)
 _lock = threading.Lock()
@@ -141,6 +147,41 @@ def _anonymous_usable() -> bool:
 
 
 _ANONYMOUS = _anonymous_usable()
+
+
+_UNSET: Any = object()
+_libc_functions: Any = _UNSET
+
+
+def _libc() -> Any:
+    """``(mmap, prctl)`` of the C library through ctypes, each None where missing; loaded once."""
+    global _libc_functions
+    if _libc_functions is _UNSET:
+        found: list[Any] = [None, None]
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            mapper = libc.mmap
+            mapper.restype = ctypes.c_void_p
+            mapper.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            ]
+            found[0] = mapper
+            prctl = getattr(libc, "prctl", None)  # Linux only
+            if prctl is not None:
+                prctl.restype = ctypes.c_int
+                prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+                found[1] = prctl
+        except (ImportError, OSError, AttributeError):  # pragma: no cover - no ctypes
+            pass
+        _libc_functions = tuple(found)
+    return _libc_functions
 
 
 def available() -> bool:
@@ -285,6 +326,9 @@ def _parse(handle: str) -> tuple[int, int, int, bool]:
 def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
     """Map the first ``nbytes`` of the shared memory ``name`` (a handle).
 
+    The mapping holds no file descriptor (:func:`_map`): a program may keep
+    any number of results.
+
     Args:
         name: as returned by :func:`create`.
         nbytes: bytes to map (int > 0).
@@ -299,6 +343,8 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
         FileNotFoundError: the memory is gone (its maker let go of it, or
             died).
         ValueError: it holds fewer than ``nbytes`` bytes.
+        OSError: this process is out of a resource: ``ENOMEM`` (memory or
+            address space).
     """
     flags = os.O_RDONLY if private else os.O_RDWR
     if name.startswith(FD_PREFIX):
@@ -318,13 +364,46 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
             raise FileNotFoundError(f"shared memory {name} is gone")
         if stat.st_size < nbytes:
             raise ValueError(f"shared memory {name} holds {stat.st_size} bytes, not {nbytes}")
-        access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
-        mapping = mmap.mmap(fd, nbytes, access=access, **_NO_FD_COPY)
+        view = _map(fd, nbytes, private)
         if acknowledge:
             os.pwrite(fd, _ACK, nbytes)  # its maker may close it now
     finally:
         os.close(fd)
-    return memoryview(mapping)
+    return view
+
+
+def _map(fd: int, nbytes: int, private: bool) -> memoryview:
+    """Map ``nbytes`` of file ``fd`` and return a view; the mapping keeps no descriptor.
+
+    Before Python 3.13, ``mmap.mmap`` keeps a copy of ``fd`` open for as long
+    as the mapping lives, so each result array kept held an open file (1,100
+    kept results failed with ``EMFILE`` under the usual limit of 1024). There
+    this maps anonymous memory with ``mmap.mmap`` (no descriptor), then the
+    file over it with the C library's ``mmap(MAP_FIXED)``: the ``mmap.mmap``
+    object owns the region, exports it and unmaps it when closed or freed.
+
+    Raises:
+        OSError: the mapping failed (``ENOMEM``, say).
+    """
+    if _TRACKFD:
+        access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
+        untracked: dict[str, Any] = {"trackfd": False}  # a keyword of 3.13+
+        return memoryview(mmap.mmap(fd, nbytes, access=access, **untracked))
+    mapper = _libc()[0]
+    if mapper is None:  # pragma: no cover - no ctypes: one descriptor per mapping
+        access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
+        return memoryview(mmap.mmap(fd, nbytes, access=access))
+    import ctypes
+
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    kind = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    if mapper(address, nbytes, prot, kind | _MAP_FIXED, fd, 0) != address:
+        code = ctypes.get_errno()
+        region.close()
+        raise OSError(code, f"cannot map shared memory: {os.strerror(code)}")
+    return memoryview(region)
 
 
 def discard(name: str, nbytes: int) -> None:
