@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from ._remote import Call
+from ._shm import PeerAccessError
 from .errors import (
     PayloadPicklingError,
     RemoteTraceback,
@@ -23,6 +25,7 @@ __all__ = [
     "is_pickling_failure",
     "task_unpickling_error",
     "reply_unpickling_error",
+    "resource_problem",
     "detach_traceback",
 ]
 
@@ -40,10 +43,16 @@ def task_unpickling_error(name: str, exc: BaseException, backend: str) -> Worker
         A :class:`~smartexec.errors.WorkerProtocolError` (a
         ``BrokenProcessPool``) with ``stage == "task"``.
     """
+    problem = resource_problem(exc)
+    if problem is not None:
+        why = f"its arguments could not be mapped there: {type(exc).__name__}: {exc}. {problem}"
+    else:
+        why = (
+            f"{type(exc).__name__}: {exc}. An object pickled here did not rebuild there "
+            f"(its class or module is missing in the worker, or its __reduce__ fails)."
+        )
     error = WorkerProtocolError(
-        f"a {backend} worker process could not unpickle the call to {name}(): "
-        f"{type(exc).__name__}: {exc}. An object pickled here did not rebuild there "
-        f"(its class or module is missing in the worker, or its __reduce__ fails). "
+        f"a {backend} worker process could not unpickle the call to {name}(): {why} "
         f"Only this call failed; the executor is still usable.",
         stage="task",
     )
@@ -65,17 +74,90 @@ def reply_unpickling_error(name: str, exc: BaseException, backend: str) -> Worke
         A :class:`~smartexec.errors.WorkerProtocolError` (a
         ``BrokenProcessPool``) with ``stage == "reply"``.
     """
+    problem = resource_problem(exc)
+    if problem is not None:
+        why = f"this process could not map it: {type(exc).__name__}: {exc}. {problem}"
+    else:
+        why = (
+            f"could not be unpickled in this process: {type(exc).__name__}: {exc}. Return "
+            f"plain data (numbers, strings, lists, dicts, numpy arrays) or objects whose "
+            f"class this process can import."
+        )
     error = WorkerProtocolError(
-        f"the result of {name}() came back from a {backend} worker process but could not be "
-        f"unpickled in this process: {type(exc).__name__}: {exc}. Return plain data "
-        f"(numbers, strings, lists, dicts, numpy arrays) or objects whose class this "
-        f"process can import. Only this call failed; the executor is still usable.",
+        f"the result of {name}() came back from a {backend} worker process but {why} "
+        f"Only this call failed; the executor is still usable.",
         stage="reply",
     )
     # Its frames lead up into the thread that read the reply (loky's manager
     # thread), whose pool they would keep alive.
     error.__cause__ = detach_traceback(exc)
     return error
+
+
+def resource_problem(exc: BaseException) -> str | None:
+    """What ``exc`` says a process ran out of, or may not open, and the fix; None otherwise.
+
+    Recognises, in ``exc`` or what it was raised from: ``MemoryError`` and
+    ``ENOMEM`` (memory or address space), ``EMFILE`` (this process's limit
+    on open files, ``RLIMIT_NOFILE``), ``ENFILE`` (the system's), ``ENOSPC``
+    (``/dev/shm`` full) and :class:`~smartexec._shm.PeerAccessError` (a
+    peer's shared memory hidden by ``/proc``). Mapping a big result or
+    argument fails with these; blaming the object's type would mislead.
+
+    Args:
+        exc: the error raised while mapping or unpickling.
+
+    Returns:
+        One or two sentences: the cause and a fix that works.
+    """
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return None
+        if isinstance(seen, PeerAccessError):
+            return "This process now uses named shared memory instead (/dev/shm)."
+        if isinstance(seen, MemoryError) or getattr(seen, "errno", None) == errno.ENOMEM:
+            return (
+                "This process ran out of memory, or of address space (ulimit -v, "
+                "RLIMIT_AS): free memory, raise that limit, or return less data per call."
+            )
+        code = getattr(seen, "errno", None)
+        if code == errno.EMFILE:
+            return _open_files_advice()
+        if code == errno.ENFILE:
+            return "The system's table of open files is full (/proc/sys/fs/file-max)."
+        if code == errno.ENOSPC:
+            return (
+                "Shared memory (/dev/shm) is full: enlarge it (docker run --shm-size=2g) "
+                "or return less data per call."
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _open_files_advice() -> str:
+    """EMFILE: this process's ``RLIMIT_NOFILE`` and how to raise it."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return "This process has as many files open as it may (ulimit -n): raise that limit."
+    bigger = max(4096, 2 * soft)
+    if hard != resource.RLIM_INFINITY:
+        bigger = min(bigger, hard)
+    if bigger <= soft:
+        return (
+            f"This process has as many files open as it may: its RLIMIT_NOFILE limit is "
+            f"{soft} (ulimit -n), its hard limit too, which only an administrator can "
+            f"raise (limits.conf, systemd's LimitNOFILE=); or keep fewer files open."
+        )
+    return (
+        f"This process has as many files open as it may: its RLIMIT_NOFILE soft limit "
+        f"is {soft} (ulimit -n). Raise it before creating the executor: ulimit -n "
+        f"{bigger} in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, "
+        f"({bigger}, hard)) in Python; or keep fewer files open."
+    )
 
 
 def detach_traceback(exc: BaseException) -> BaseException:

@@ -30,7 +30,11 @@ anywhere to sweep.
   thousands of results needs no open file each.
 
 **Named segments (the fallback)**, where ``os.memfd_create`` or ``/proc``
-is missing, or ``SMARTEXEC_SHM=named`` is set: a POSIX shared-memory object
+is missing, ``SMARTEXEC_SHM=named`` is set, this process is not dumpable
+(``prctl(PR_SET_DUMPABLE, 0)``, or it dropped privileges: nobody without
+``CAP_SYS_PTRACE`` may open its ``/proc/<pid>/fd``; asked at each
+:func:`create`), or once a peer's ``/proc/<pid>/fd`` could not be opened
+(:func:`use_named`, for the rest of the process's life): a POSIX shared-memory object
 (a file in ``/dev/shm``), made with ``_posixshmem`` like
 :class:`multiprocessing.shared_memory.SharedMemory`, whose names say who
 must unlink it:
@@ -104,6 +108,8 @@ _ACK = b"\x01"
 _TRACKFD = sys.version_info >= (3, 13)
 #: ``mmap(2)``'s flag to map at a given address (the same on Linux, macOS, BSDs).
 _MAP_FIXED = 0x10
+#: ``prctl(2)``'s option to read whether this process is dumpable.
+_PR_GET_DUMPABLE = 3
 
 _counter = itertools.count(1)
 _lock = threading.Lock()
@@ -126,6 +132,9 @@ class _Reply:
 #: :class:`_Reply`. Whoever pops a descriptor from here (under ``_lock``)
 #: closes it; nobody else does.
 _replies: dict[int, _Reply] = {}
+#: Set once a peer's ``/proc/<pid>/fd`` could not be opened: from then on this
+#: process makes named segments, and tells its workers to (see :func:`use_named`).
+_denied = False
 
 
 def _anonymous_usable() -> bool:
@@ -184,14 +193,60 @@ def _libc() -> Any:
     return _libc_functions
 
 
+def _dumpable() -> bool:
+    """Whether other processes of this user may open this process's ``/proc/<pid>/fd``.
+
+    A process made not dumpable (``prctl(PR_SET_DUMPABLE, 0)``, or by
+    changing its user: daemons dropping privileges) hides its descriptors
+    from every process without ``CAP_SYS_PTRACE``; its forked children
+    inherit that. Asked at each :func:`create` (a system call, ~1 us): a
+    process may drop privileges after its executor started. True where
+    ``prctl`` is missing (not Linux: no anonymous memory there anyway).
+    """
+    prctl = _libc()[1]
+    return prctl is None or prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+
+
 def available() -> bool:
     """Return True when this platform has shared memory we can use."""
     return _ANONYMOUS or _posixshmem is not None
 
 
 def anonymous() -> bool:
-    """Return True when :func:`create` makes anonymous memory (nothing to sweep)."""
-    return _ANONYMOUS
+    """Return True when :func:`create` makes anonymous memory now (nothing to sweep).
+
+    False where ``memfd_create`` or ``/proc`` is missing, ``SMARTEXEC_SHM=named``
+    is set, this process is not dumpable, or a peer's memory could not be
+    opened once (:func:`use_named`).
+    """
+    return _ANONYMOUS and not _denied and _dumpable()
+
+
+def use_named() -> None:
+    """Make named segments from now on, for the rest of this process's life.
+
+    Called when a peer's ``/proc/<pid>/fd/<n>`` could not be opened (a peer
+    that is not dumpable, runs as another user, or a security module's
+    rule): anonymous memory this process makes would fail its peers the
+    same way. :mod:`smartexec.transport` passes it on to the workers with
+    each request.
+    """
+    global _denied
+    _denied = True
+
+
+def denied() -> bool:
+    """Whether :func:`use_named` was called in this process (or before its fork)."""
+    return _denied
+
+
+class PeerAccessError(PermissionError):
+    """Another process's anonymous memory cannot be opened through ``/proc``.
+
+    That process is not dumpable (``prctl(PR_SET_DUMPABLE, 0)``, or it changed
+    user), runs as another user, or a security module forbids it. This
+    process has switched to named segments (:func:`use_named`).
+    """
 
 
 def create(data: memoryview, *, owner: int | None = None) -> str:
@@ -214,7 +269,7 @@ def create(data: memoryview, *, owner: int | None = None) -> str:
         RuntimeError: shared memory is not available (see :func:`available`).
     """
     view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-    if _ANONYMOUS:
+    if anonymous():
         if owner is not None:
             release_acknowledged()
         try:
@@ -342,17 +397,16 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
     Raises:
         FileNotFoundError: the memory is gone (its maker let go of it, or
             died).
+        PeerAccessError: its maker's ``/proc/<pid>/fd`` cannot be opened
+            (this process switches to named segments: :func:`use_named`).
         ValueError: it holds fewer than ``nbytes`` bytes.
-        OSError: this process is out of a resource: ``ENOMEM`` (memory or
-            address space).
+        OSError: this process is out of a resource: ``EMFILE`` (open
+            files), ``ENOMEM`` (memory or address space).
     """
     flags = os.O_RDONLY if private else os.O_RDWR
     if name.startswith(FD_PREFIX):
         pid, number, ino, acknowledge = _parse(name)
-        try:
-            fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR if acknowledge else flags)
-        except OSError as exc:
-            raise FileNotFoundError(f"shared memory {name} is gone ({exc})") from exc
+        fd = _open_peer(name, pid, number, os.O_RDWR if acknowledge else flags)
     elif _posixshmem is None:  # pragma: no cover - nothing could have created one
         raise RuntimeError("POSIX shared memory is not available on this platform")
     else:
@@ -370,6 +424,23 @@ def attach(name: str, nbytes: int, *, private: bool) -> memoryview:
     finally:
         os.close(fd)
     return view
+
+
+def _open_peer(name: str, pid: int, number: int, flags: int) -> int:
+    """Open descriptor ``number`` of process ``pid`` through ``/proc`` (see :func:`attach`)."""
+    try:
+        return os.open(f"/proc/{pid}/fd/{number}", flags)
+    except FileNotFoundError as exc:  # its maker closed it, or exited
+        raise FileNotFoundError(f"shared memory {name} is gone ({exc})") from exc
+    except PermissionError as exc:  # EACCES, EPERM
+        use_named()
+        raise PeerAccessError(
+            exc.errno,
+            f"cannot open shared memory {name} of process {pid} through /proc/{pid}/fd "
+            f"({exc.strerror}): that process is not dumpable (prctl PR_SET_DUMPABLE 0, or it "
+            f"changed user), runs as another user, or a security module forbids it. "
+            f"smartexec uses named shared memory from now on",
+        ) from exc
 
 
 def _map(fd: int, nbytes: int, private: bool) -> memoryview:
@@ -410,7 +481,7 @@ def discard(name: str, nbytes: int) -> None:
     """Let go of ``name`` without mapping it: a reply that will never be read.
 
     A named segment is unlinked; an anonymous reply is acknowledged, so its
-    maker closes it. No error if it is gone.
+    maker closes it. No error if it is gone, or cannot be opened.
     """
     if not name.startswith(FD_PREFIX):
         unlink(name)
@@ -420,9 +491,9 @@ def discard(name: str, nbytes: int) -> None:
         unlink(name)
         return
     try:
-        fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR)
+        fd = _open_peer(name, pid, number, os.O_RDWR)
     except OSError:
-        return  # its maker is gone, and the memory with it
+        return  # its maker is gone (and the memory with it), or hidden from us
     try:
         if os.fstat(fd).st_ino == ino:
             os.pwrite(fd, _ACK, nbytes)

@@ -64,6 +64,7 @@ cannot be mistaken for one.
 from __future__ import annotations
 
 import collections
+import errno
 import io
 import itertools
 import os
@@ -156,13 +157,32 @@ def _warn_full(exc: OSError) -> None:
     global _full_warned
     if not _full_warned:
         _full_warned = True
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            advice = (
+                f"This process may open {_open_files_limit()} files (ulimit -n): raise it, "
+                f"e.g. ulimit -n 4096, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)"
+            )
+        else:
+            advice = (
+                f"If {_shm.SHM_DIR} is small (Docker gives 64 MiB), enlarge it, e.g. "
+                f"docker run --shm-size=2g"
+            )
         warnings.warn(
             f"smartexec could not put a big buffer in shared memory ({exc}); sending it "
-            f"through the pipe instead. If {_shm.SHM_DIR} is small (Docker gives 64 MiB), "
-            f"enlarge it, e.g. docker run --shm-size=2g",
+            f"through the pipe instead. {advice}",
             ResourceWarning,
             stacklevel=4,
         )
+
+
+def _open_files_limit() -> str:
+    """This process's soft ``RLIMIT_NOFILE``, as text ("?" where unknown)."""
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return "?"
 
 
 class _Encoder:
@@ -197,15 +217,21 @@ class _Encoder:
         self.segments = []
 
 
-def _encode(obj: Any, encoder: _Encoder, prune: Any = None) -> bytes:
+def _encode(obj: Any, encoder: _Encoder, prune: Any = None, named: bool = False) -> bytes:
+    """Pickle ``obj``, big buffers through ``encoder``; then the header, if any.
+
+    The header lists the segments, ``prune`` (a request's cache entries still
+    alive) and ``named`` (the sender uses named segments only, and so must
+    its workers: :func:`smartexec._shm.use_named`).
+    """
     out = io.BytesIO()
     try:
         _Pickler(out, protocol=PROTOCOL, buffer_callback=encoder.offer).dump(obj)
     except BaseException:
         encoder.abort()
         raise
-    if encoder.segments or prune is not None:
-        header = pickle.dumps((encoder.segments, prune), protocol=PROTOCOL)
+    if encoder.segments or prune is not None or named:
+        header = pickle.dumps((encoder.segments, prune, named), protocol=PROTOCOL)
         out.write(header)
         out.write(_LENGTH.pack(len(header)))
         out.write(_MAGIC)
@@ -221,29 +247,49 @@ def _is_argument(ident: Hashable) -> bool:
     return type(ident) is tuple and ident[0] == "a"
 
 
-def _split(data: bytes) -> tuple[memoryview, list[tuple[str, int]], Any]:
+def _split(data: bytes) -> tuple[memoryview, list[tuple[str, int]], Any, bool]:
+    """``(pickle stream, segments, prune, named)`` of what :func:`_encode` made."""
     view = memoryview(data)
     if len(view) <= _TAIL or view[-len(_MAGIC) :] != _MAGIC:
-        return view, [], None
+        return view, [], None, False
     (length,) = _LENGTH.unpack(view[-_TAIL : -len(_MAGIC)])
     end = len(view) - _TAIL - length
-    segments, prune = pickle.loads(view[end:-_TAIL])
-    return view[:end], segments, prune
+    segments, prune, named = pickle.loads(view[end:-_TAIL])
+    return view[:end], segments, prune, named
 
 
 def _decode(data: bytes, *, private: bool, adopt: bool) -> Any:
-    stream, segments, prune = _split(data)
+    """Unpickle what :func:`_encode` made, mapping its segments.
+
+    With ``adopt`` (a reply), each segment is let go of once mapped, and
+    one that was not (the mapping failed) is discarded: its maker may free it.
+    """
+    stream, segments, prune, named = _split(data)
+    if named:
+        _shm.use_named()
     if not segments and prune is None:
         return cloudpickle.loads(stream)
+    buffers: list[memoryview] = []
     try:
         if prune is not None:
             _prune(*prune)
-        buffers = [_shm.attach(name, nbytes, private=private) for name, nbytes in segments]
+        for name, nbytes in segments:
+            buffers.append(_shm.attach(name, nbytes, private=private))
         return pickle.loads(stream, buffers=buffers)
     finally:
         if adopt:
-            for name, _ in segments:
-                _shm.unlink(name)
+            for index, (name, nbytes) in enumerate(segments):
+                if index < len(buffers):
+                    _shm.unlink(name)
+                else:
+                    _discard(name, nbytes)
+
+
+def _discard(name: str, nbytes: int) -> None:
+    try:
+        _shm.discard(name, nbytes)
+    except OSError:
+        pass
 
 
 # -- requests and replies ------------------------------------------------------
@@ -324,7 +370,7 @@ def dumps_request(
         elif isinstance(fn, CachedCallable):
             fn = fn.fn
         encoder = _Encoder(owner=None)
-        data = _encode((fn, pack_calls(calls), budget_s), encoder, prune)
+        data = _encode((fn, pack_calls(calls), budget_s), encoder, prune, _shm.denied())
         lease.segments.extend(name for name, _ in encoder.segments)
     except BaseException:
         lease.release()
@@ -354,8 +400,28 @@ def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
 
 
 def loads_reply(data: bytes) -> Any:
-    """Unpickle a reply in the parent; its segments are mapped, then unlinked."""
-    return _decode(data, private=False, adopt=True)
+    """Unpickle a reply in the parent; its segments are mapped, then unlinked.
+
+    A worker that could not open this process's memory (its request failed
+    with :class:`~smartexec._shm.PeerAccessError`) switches this process to
+    named segments (:func:`smartexec._shm.use_named`): only that call failed.
+    """
+    reply = _decode(data, private=False, adopt=True)
+    if type(reply) is tuple and reply[:1] == ("error",) and len(reply) == 2:
+        if _caused_by(reply[1], _shm.PeerAccessError):
+            _shm.use_named()
+    return reply
+
+
+def _caused_by(exc: Any, kind: type[BaseException]) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is a ``kind``."""
+    for _ in range(4):
+        if isinstance(exc, kind):
+            return True
+        if not isinstance(exc, BaseException):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def sweep_dead_workers() -> None:

@@ -748,6 +748,70 @@ def test_two_threads_releasing_the_same_replies_close_each_descriptor_once(monke
     assert _shm.release_acknowledged() == 0 and ours() == set()
 
 
+def _hide_proc(monkeypatch) -> None:
+    """Opening another process's descriptors through /proc fails, as for a non-dumpable one."""
+    real = os.open
+
+    def hidden(path, flags, *args, **kwargs):
+        if str(path).startswith("/proc/"):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", hidden)
+
+
+def test_memory_hidden_by_proc_switches_this_process_to_named_segments(monkeypatch):
+    """Issue 32: every big argument or result failed where /proc/<pid>/fd was hidden.
+
+    A peer that is not dumpable (prctl PR_SET_DUMPABLE 0, dropped
+    privileges) hides its descriptors; the start-up probe only opened this
+    process's own. The first failure now switches this process to named
+    segments for good, and its requests tell its workers to switch too.
+    """
+    if not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    monkeypatch.setattr(_shm, "_denied", False, raising=False)
+    name = _shm.create(memoryview(np.ones(BIG // 8)))
+    try:
+        with pytest.MonkeyPatch.context() as hiding:
+            _hide_proc(hiding)
+            with pytest.raises(PermissionError, match="not dumpable"):
+                _shm.attach(name, BIG, private=True)
+    finally:
+        _shm.unlink(name)
+    assert not _shm.anonymous()
+    data, lease = request(add, [((np.ones(BIG // 8),), {})])
+    try:
+        assert lease.segments and lease.segments[0].startswith(_shm.PREFIX)
+        monkeypatch.setattr(_shm, "_denied", False)  # a worker not told yet
+        assert transport.loads_request(data)[1][0][0][0].sum() == BIG // 8
+        assert _shm.denied()  # told by the request
+    finally:
+        lease.release()
+
+
+def test_a_worker_that_cannot_open_our_memory_switches_us_to_named_segments(monkeypatch):
+    from smartexec._remote import remote_exception
+
+    monkeypatch.setattr(_shm, "_denied", False, raising=False)
+    monkeypatch.setattr(transport.os, "getppid", os.getpid)
+    hidden = _shm.PeerAccessError(13, "cannot open shared memory fd:1:2:3")
+    reply = transport.dumps_reply(("error", remote_exception(hidden)))
+    status, error = transport.loads_reply(reply)
+    assert status == "error" and isinstance(error, PermissionError)
+    assert _shm.denied() and not _shm.anonymous()
+
+
+def test_a_process_that_is_not_dumpable_makes_named_segments(monkeypatch):
+    """Others cannot open its /proc/<pid>/fd: asked at each create, as it may drop privileges late."""
+    monkeypatch.setattr(_shm, "_dumpable", lambda: False)
+    name = _shm.create(memoryview(b"x" * 100))
+    try:
+        assert name.startswith(_shm.PREFIX) and not _shm.anonymous()
+    finally:
+        _shm.unlink(name)
+
+
 def test_a_mapping_holds_no_file_descriptor(mode):
     """Issue 32: before Python 3.13 each mapped result held a descriptor (EMFILE at ~1,000 kept)."""
     if not os.path.isdir("/proc/self/fd"):
