@@ -45,10 +45,14 @@ must unlink it:
   unlinks whatever is left at interpreter exit, and registers it with the
   stdlib resource tracker, whose separate process unlinks it should the owner
   be killed outright (not when the tracker is killed too).
-* ``smx_<owner pid>_w<worker pid>_<n>_<random>``: made by a worker for a
-  result. The owner unlinks it as soon as it has mapped it. If the worker dies
-  before the owner reads its reply, :func:`sweep_dead_workers` finds it by the
-  dead pid in its name (Linux lists ``/dev/shm``).
+* ``smx_<owner pid>_w<worker pid>_<n>_<random>``: made by a loky worker for
+  a result (a fork worker sends its results in band on this fallback: it
+  exits at once when its parent dies, with no chance to unlink them). The
+  owner unlinks it as soon as it has mapped it. If the worker dies before the
+  owner reads its reply, :func:`sweep_dead_workers` finds it by the dead pid
+  in its name (Linux lists ``/dev/shm``); if the owner dies first, the worker
+  unlinks it (:func:`release_orphans`) when it notices, or at its exit. Only
+  a process group killed at once (workers included) leaves them.
 
 Both kinds are mapped copy-on-write (``MAP_PRIVATE``) by a worker, so its
 writes stay its own, and both are filled with ``os.write``, which fails with
@@ -62,6 +66,7 @@ the parent's segment, CPython gh-82300).
 from __future__ import annotations
 
 import atexit
+import errno
 import itertools
 import mmap
 import os
@@ -132,6 +137,10 @@ class _Reply:
 #: :class:`_Reply`. Whoever pops a descriptor from here (under ``_lock``)
 #: closes it; nobody else does.
 _replies: dict[int, _Reply] = {}
+#: Named segments this process made for another (a loky worker's results):
+#: name -> the owner's pid, until the owner has unlinked them (see
+#: :func:`release_orphans`).
+_made_for_others: dict[str, int] = {}
 #: Set once a peer's ``/proc/<pid>/fd`` could not be opened: from then on this
 #: process makes named segments, and tells its workers to (see :func:`use_named`).
 _denied = False
@@ -249,7 +258,7 @@ class PeerAccessError(PermissionError):
     """
 
 
-def create(data: memoryview, *, owner: int | None = None) -> str:
+def create(data: memoryview, *, owner: int | None = None, named: bool = True) -> str:
     """Copy ``data`` into new shared memory and return its handle.
 
     Args:
@@ -257,6 +266,8 @@ def create(data: memoryview, *, owner: int | None = None) -> str:
         owner: None when this process owns the memory (it lets go of it with
             :func:`unlink`); otherwise the pid of the process that will map
             it (a worker's result for its parent).
+        named: False to make anonymous memory only: ``OSError`` rather than
+            a named segment where it cannot be made.
 
     Returns:
         The handle: ``fd:...`` for anonymous memory, else a segment name (no
@@ -269,15 +280,17 @@ def create(data: memoryview, *, owner: int | None = None) -> str:
         RuntimeError: shared memory is not available (see :func:`available`).
     """
     view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    if owner is not None:
+        release_acknowledged()
     if anonymous():
-        if owner is not None:
-            release_acknowledged()
         try:
             return _create_anonymous(view, reply=owner is not None)
         except OSError:
-            if _posixshmem is None:
+            if _posixshmem is None or not named:
                 raise
             # EMFILE, say: a named segment holds no descriptor once made.
+    elif not named:
+        raise OSError(errno.ENOTSUP, "anonymous shared memory is not usable in this process")
     return _create_named(view, owner)
 
 
@@ -357,9 +370,12 @@ def _create_named(view: memoryview, owner: int | None) -> str:
         except FileExistsError:  # a leftover of a dead process with our pid
             continue
         break
+    with _lock:  # before filling it: an interrupt still finds it
+        if owner is None:
+            _owned[name] = -1
+        else:
+            _made_for_others[name] = owner
     if owner is None:
-        with _lock:
-            _owned[name] = -1  # before filling it: an interrupt still finds it
         _track(name)
     try:
         try:
@@ -527,6 +543,7 @@ def unlink(name: str) -> None:
         pass
     with _lock:
         mine = _owned.pop(name, None) is not None
+        _made_for_others.pop(name, None)
     if mine:
         _untrack(name)
 
@@ -541,8 +558,11 @@ def release_acknowledged() -> int:
     1 call in 45,000 with 1 MiB results): the second ``close`` failed, or
     closed the descriptor of a newer reply that had taken its number.
 
+    Also forgets the named segments made for others that their owner has
+    unlinked (read, see :func:`release_orphans`).
+
     Returns:
-        The number still waiting for their reader.
+        The number of anonymous replies still waiting for their reader.
     """
     with _lock:
         held = list(_replies.items())
@@ -563,7 +583,53 @@ def release_acknowledged() -> int:
         left = len(_replies)
     for fd in mine:
         os.close(fd)
+    if _made_for_others:
+        _forget_taken()
     return left
+
+
+def _forget_taken() -> None:
+    """Drop from ``_made_for_others`` the segments their owner has unlinked."""
+    with _lock:
+        names = list(_made_for_others)
+    taken = [name for name in names if not _exists(name)]
+    with _lock:
+        for name in taken:
+            _made_for_others.pop(name, None)
+
+
+def _exists(name: str) -> bool:
+    """Whether the named segment ``name`` is still there."""
+    if _posixshmem is None:  # pragma: no cover
+        return False
+    try:
+        os.close(_posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600))
+    except FileNotFoundError:
+        return False
+    except OSError:  # EMFILE, say: keep it, look again later
+        return True
+    return True
+
+
+def release_orphans() -> list[str]:
+    """Unlink the named segments this process made for an owner that is gone.
+
+    A worker's result segment is unlinked by its owner once read; an owner
+    killed first (``SIGKILL``) never reads it. A loky worker calls this when
+    it finds its parent gone, and at its exit (see
+    :mod:`smartexec.transport`). Fork workers make no named result segments:
+    their results travel in band on the named fallback.
+
+    Returns:
+        The names unlinked.
+    """
+    with _lock:
+        made = dict(_made_for_others)
+    owners = {owner: alive(owner) for owner in set(made.values())}
+    gone = [name for name, owner in made.items() if not owners[owner]]
+    for name in gone:
+        unlink(name)
+    return gone
 
 
 def owned() -> frozenset[str]:
@@ -697,6 +763,9 @@ def _at_exit() -> None:
     # Registered when this module is first imported, before the backends
     # register theirs, so it runs after them (atexit is last-in, first-out):
     # by then their workers have stopped and no reply is still on its way.
+    # A loky worker whose parent was killed leaves through here too (loky
+    # exits when its call queue ends): the results that parent never read go.
+    release_orphans()
     sweep_owner()
 
 
@@ -714,6 +783,7 @@ def _after_fork_in_child() -> None:
     inherited = [fd for fd in (*_owned.values(), *_replies) if fd >= 0]
     _owned.clear()
     _replies.clear()
+    _made_for_others.clear()  # the parent's to let go of, not this child's
     for fd in inherited:
         try:
             os.close(fd)

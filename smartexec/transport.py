@@ -23,7 +23,9 @@ it (to send changes back, return the array). Contrast joblib, whose workers
 get read-only memmaps and fail with "assignment destination is read-only".
 Results come back the same way and arrive in the parent as ordinary writable
 arrays on a segment that is already unlinked: memory is freed when the array
-dies. When ``/dev/shm`` is full, a buffer goes through the pipe as before.
+dies. When ``/dev/shm`` is full, a buffer goes through the pipe as before;
+so does a fork worker's result where only named segments could hold it (see
+:func:`serve_request`).
 
 **Big objects sent once** (:class:`ObjectCache`, one per process backend).
 An object that pickles to more than :data:`BIG_BUFFER_BYTES` and that a
@@ -186,13 +188,23 @@ def _open_files_limit() -> str:
 
 
 class _Encoder:
-    """The pickler's ``buffer_callback``: big buffers go to new segments."""
+    """The pickler's ``buffer_callback``: big buffers go to new segments.
 
-    __slots__ = ("owner", "threshold", "segments")
+    Args:
+        owner: as for :func:`smartexec._shm.create`.
+        threshold: buffers of this many bytes or more go out of band.
+        named_ok: False keeps big buffers in band where only a named segment
+            could hold them (a fork worker's replies, see :func:`serve_request`).
+    """
 
-    def __init__(self, owner: int | None, threshold: int = BIG_BUFFER_BYTES):
+    __slots__ = ("owner", "threshold", "segments", "named_ok")
+
+    def __init__(
+        self, owner: int | None, threshold: int = BIG_BUFFER_BYTES, *, named_ok: bool = True
+    ):
         self.owner = owner
         self.threshold = threshold
+        self.named_ok = named_ok
         self.segments: list[tuple[str, int]] = []
 
     def offer(self, buffer: pickle.PickleBuffer) -> bool:
@@ -203,8 +215,10 @@ class _Encoder:
             return True
         if raw.nbytes < self.threshold or not _shm.available():
             return True
+        if not self.named_ok and not _shm.anonymous():
+            return True
         try:
-            name = _shm.create(raw, owner=self.owner)
+            name = _shm.create(raw, owner=self.owner, named=self.named_ok)
         except OSError as exc:
             _warn_full(exc)
             return True
@@ -388,15 +402,23 @@ def loads_request(data: bytes) -> Any:
     return fn, unpack_calls(calls), budget_s
 
 
-def dumps_reply(reply: Any, owner: int | None = None) -> bytes:
+def dumps_reply(reply: Any, owner: int | None = None, *, named_ok: bool = True) -> bytes:
     """Pickle a worker's reply for its parent; big buffers go to new segments.
 
-    The segments are named for ``owner`` (default: the parent,
-    ``os.getppid()``; a fork worker's parent is its pool's zygote, so the
-    fork backend passes the executor's pid), which unlinks them in
-    :func:`loads_reply`.
+    Args:
+        reply: what to send.
+        owner: the pid the segments are made for (default: the parent,
+            ``os.getppid()``; a fork worker's parent is its pool's zygote,
+            so the fork backend passes the executor's pid), which unlinks
+            them in :func:`loads_reply`.
+        named_ok: False sends big buffers in band where anonymous memory
+            cannot be used, rather than in named segments.
+
+    Returns:
+        The bytes for :func:`loads_reply`.
     """
-    return _encode(reply, _Encoder(owner=os.getppid() if owner is None else owner))
+    encoder = _Encoder(owner=os.getppid() if owner is None else owner, named_ok=named_ok)
+    return _encode(reply, encoder)
 
 
 def loads_reply(data: bytes) -> Any:
@@ -468,6 +490,8 @@ def _check_parent(owner: int | None) -> None:
     of its queue and make shared memory for replies nobody reads: named
     segments that nobody would unlink. ``owner`` is the fork backend's
     executor pid; for loky (None), the parent the worker first served.
+    Before it exits, it unlinks the named result segments that parent never
+    read (:func:`smartexec._shm.release_orphans`).
     """
     global _served_for
     if owner is None:
@@ -486,6 +510,7 @@ def _check_parent(owner: int | None) -> None:
         except OSError:  # EPERM: it exists
             gone = False
     if gone:
+        _shm.release_orphans()
         os._exit(0)
 
 
@@ -505,6 +530,7 @@ def _watch_parent(parent: int) -> None:
         while True:
             time.sleep(PARENT_CHECK_S)
             if os.getppid() != parent:
+                _shm.release_orphans()
                 os._exit(0)
 
     threading.Thread(target=watch, name="smartexec-parent-watch", daemon=True).start()
@@ -515,7 +541,19 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
 
     The reply unpickles (:func:`loads_reply`) to ``("ok", ChunkResult)`` or
     ``("error", exception)`` when the request itself could not be unpickled.
-    Used by the loky backend; the fork backend's worker loop does the same.
+    Used by the loky backend and the fork backend's worker loop.
+
+    Args:
+        data: the request's bytes (:func:`dumps_request`).
+        owner: the executor's pid, given by the fork backend (its workers'
+            parent is the pool's zygote); None for loky (the parent). A
+            fork worker leaves through ``os._exit`` as soon as its parent
+            dies, with no chance to unlink a named segment its dead parent
+            never read, so where anonymous memory cannot be used its big
+            results travel in band, as with ``ProcessPoolExecutor``.
+
+    Returns:
+        The reply's bytes.
     """
     _check_parent(owner)
     _shm.release_acknowledged()  # the parent has mapped our last replies by now
@@ -530,11 +568,12 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
         reply = ("ok", result)
         del fn, chunk
     _check_parent(owner)
+    named_ok = owner is None
     try:
-        return dumps_reply(reply, owner)
+        return dumps_reply(reply, owner, named_ok=named_ok)
     except BaseException:
         assert result is not None
-        return dumps_reply(("ok", picklable_outcomes(result)), owner)
+        return dumps_reply(("ok", picklable_outcomes(result)), owner, named_ok=named_ok)
 
 
 def estimate_send_s(obj: Any) -> float:

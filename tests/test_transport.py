@@ -244,7 +244,7 @@ def test_unpicklable_argument_leaves_nothing_behind():
 
 
 def test_full_shared_memory_falls_back_to_the_pipe(monkeypatch):
-    def full(data, *, owner=None):
+    def full(data, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_shm, "create", full)
@@ -831,3 +831,38 @@ def test_a_mapping_holds_no_file_descriptor(mode):
         transport._release_views(views)  # a mapping closes, as the cache's do
     finally:
         _shm.unlink(name)
+
+
+def big_ones(n):
+    return np.ones(n)
+
+
+def test_a_fork_workers_big_result_travels_in_band_on_named_memory(named):
+    """Issue 32: its named result segments outlived a SIGKILLed parent (3 to 6 a kill).
+
+    A fork worker leaves at once when its parent dies, with no chance to
+    unlink them; ``serve_request(owner=...)`` is the fork worker's call.
+    """
+    data, lease = request(big_ones, [((BIG // 8,), {})])
+    try:
+        reply = transport.serve_request(data, owner=os.getpid())
+    finally:
+        lease.release()
+    assert ours() == set() and len(reply) > BIG
+    status, result = transport.loads_reply(reply)
+    assert status == "ok" and result.outcomes[0][1].sum() == BIG // 8
+
+
+def test_a_worker_unlinks_the_results_its_dead_owner_never_read(named):
+    """Issue 32: a loky worker whose parent was killed unlinks its unread results (loky exits)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a dead owner
+    orphan = _shm.create(memoryview(b"x" * 100), owner=pid)
+    read = _shm.create(memoryview(b"y" * 100), owner=os.getpid())
+    _shm.unlink(read)  # what the owner does once it has mapped it
+    _shm.release_acknowledged()  # the worker's next request forgets it
+    assert _shm.release_orphans() == [orphan]
+    assert not [n for n in os.listdir(_shm.SHM_DIR) if n == orphan]
+    assert _shm.release_orphans() == []

@@ -462,3 +462,59 @@ def test_only_lokys_semaphore_race_is_let_through():
     )
     assert loky_semlock_race("    warnings.warn('resource_tracker: %s: %r' % (name, e))")
     assert not loky_semlock_race(f"resource_tracker: /{_shm.PREFIX}4242_0: FileNotFoundError")
+
+
+KILLED_WHILE_READING = """
+import os, signal
+import numpy as np
+from smartexec import SmartExecutor, _shm, transport
+from tests.scenarios.test_shm_leaks import big_result
+
+print(os.getpid(), _shm.anonymous(), flush=True)
+read = transport.loads_reply
+replies = 0
+
+def killed_at_the_third_reply(data):
+    # SIGKILL while this process holds unread replies: deterministic, where a
+    # kill from outside lands between replies or not as it happens to.
+    global replies
+    replies += 1
+    if replies == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return read(data)
+
+transport.loads_reply = killed_at_the_third_reply
+ex = SmartExecutor(2, backend={backend!r})
+for value in ex.map(big_result, range(40), [0.0] * 40, chunksize=1):  # 2 MiB each
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parent_killed_mid_map_leaves_no_named_result_segment(backend, monkeypatch):
+    """Issue 32: on the named fallback a SIGKILLed parent left 3 to 6 result segments.
+
+    Workers had made them for replies the parent never read: a fork worker
+    exits at once when its parent dies (its results now travel in band on
+    this fallback); a loky worker now unlinks them when it notices.
+    """
+    monkeypatch.setenv("SMARTEXEC_SHM", "named")
+    proc = start_python(KILLED_WHILE_READING.format(backend=backend))
+    pid = proc.pid
+    try:
+        line = proc.stdout.readline().split()
+        pid = int(line[0])
+        assert line[1] == "False"  # named segments
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        procs, shm = wait_for_nothing_left(proc.pid, pid)  # the workers noticed and left
+        ours = [n for n in shm if n.startswith(_shm.PREFIX)]
+        assert ours == [] and procs == {}, (shm, procs, proc.stderr.read())
+    finally:
+        _kill_session(proc.pid)
+        proc.stdout.close()
+        proc.stderr.close()
+        _remove_loky_semaphores(pid)
+        for name in dev_shm_of(pid):
+            if name.startswith(_shm.PREFIX):
+                os.unlink(os.path.join(_shm.SHM_DIR, name))
