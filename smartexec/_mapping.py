@@ -32,6 +32,7 @@ import array
 import collections
 import concurrent.futures
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -54,6 +55,8 @@ from .tuning import (
 )
 
 T = TypeVar("T")
+
+LOGGER = logging.getLogger("smartexec")
 
 __all__ = [
     "ChunkStream",
@@ -347,15 +350,28 @@ class ChunkStream:
             probe[1] -= 1
             if probe[1] <= 0:
                 self._probe = None  # measured: the full window from here
-        if self._estimate is not None:
-            self._estimate.observe(done, result.compute_s)
-        if self._on_result is not None:
-            self._on_result(result, slot.calls[:done])
+        calls = slot.calls[:done]
         slot.outcomes.extend(result.outcomes)
         slot.calls = slot.calls[done:]
         if slot.calls:
             per_item = result.compute_s / max(done, 1)
             slot.future = self._send(slot.calls, chunk_budget_s(per_item, len(slot.calls)))
+        self._advise(result, calls)
+
+    def _advise(self, result: ChunkResult, calls: list[Call]) -> None:
+        """Feed a chunk's figures to the estimate and the router: advice, never an error.
+
+        Runs after the chunk's outcomes are kept, so that a failure in the
+        advice (the router, the stats, the profile store) loses no result: it
+        is logged (logger ``smartexec``) and the map goes on where it is.
+        """
+        try:
+            if self._estimate is not None:
+                self._estimate.observe(len(calls), result.compute_s)
+            if self._on_result is not None:
+                self._on_result(result, calls)
+        except Exception:  # noqa: BLE001 - advice is isolated from the results
+            LOGGER.warning("smartexec: a map's routing advice failed; it stays put", exc_info=True)
 
     def _recover(self, slot: _Slot, exc: BaseException) -> bool:
         """Re-send a failed chunk's items where the failure allows; True if done so."""

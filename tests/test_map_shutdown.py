@@ -274,3 +274,23 @@ def test_two_calls_on_the_executors_threads_that_shut_it_down_do_not_wait_for_ea
     futures = [ex.submit(stop, i) for i in range(2)]
     assert [f.result(timeout=20) for f in futures] == [0, 1]
     ex.shutdown(wait=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_in_routing_advice_loses_no_result(monkeypatch, caplog):
+    # Issue 33: the router runs after a chunk's outcomes are kept, isolated:
+    # advice that raises is logged, and the map goes on where it is.
+    def broken(*args, **kwargs):
+        raise RuntimeError("advice broke")
+
+    monkeypatch.setattr(SmartExecutor, "_settle", broken)
+    with SmartExecutor(max_workers=2) as ex, caplog.at_level("WARNING", logger="smartexec"):
+        assert list(ex.map(_square_slowly, range(40))) == [x * x for x in range(40)]
+    assert any("routing advice failed" in r.message for r in caplog.records)
+
+
+def _square_slowly(x):
+    import time
+
+    time.sleep(0.002)
+    return x * x
