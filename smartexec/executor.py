@@ -1083,7 +1083,10 @@ class SmartExecutor(Executor):
         """
         decision, estimate = self._route(fn)
         decision = self._with_timeout(decision, self._task_timeout)
-        decision = self._submit_decision(fn, decision)[0]
+        # What its submits' figures decided, read only: explain() stores nothing.
+        learned = self._learned_route(fn)
+        if learned is not None and decision.backend in ("fork", "loky") and not decision.share:
+            decision = learned
         with self._lock:
             running = self._backends.get(decision.backend)
         notes = list(running.describe(fn)) if running is not None else []
