@@ -198,12 +198,6 @@ def test_running_out_while_mapping_a_result_names_the_resource(child, names):
     assert "then 131072.0" in message, message  # only that call failed
 
 
-NEEDS_FILE_CHECK = pytest.mark.xfail(
-    strict=True,
-    reason="needs smartexec/backends/_base.py's check_open_files to count the files a pool "
-    "really needs (issue 32, item 5): owned elsewhere",
-)
-
 UNDER_ULIMIT = """
 import resource, re
 import numpy as np
@@ -222,7 +216,6 @@ except ValueError as refused:
 """
 
 
-@NEEDS_FILE_CHECK
 def test_two_fork_workers_run_under_ulimit_64():
     """Issue 32: under ``ulimit -n 64`` a pool of two was refused; ProcessPoolExecutor(2) runs."""
     result = run_python(UNDER_ULIMIT.format(limit=64, workers=2), timeout=150)
@@ -230,7 +223,6 @@ def test_two_fork_workers_run_under_ulimit_64():
     assert "ok 2400000.0" in result.stdout, result.stdout + result.stderr
 
 
-@NEEDS_FILE_CHECK
 def test_a_refusal_for_open_files_names_the_limit_and_advice_that_works():
     """Issue 32: the refusal advised ``max_workers=1``, which was refused too."""
     result = run_python(UNDER_ULIMIT.format(limit=32, workers=64), timeout=150)
