@@ -53,7 +53,9 @@ def test_the_first_chunks_run_in_every_worker_at_once(tmp_path):
     # when two workers ran them at once, from the map's first window.
     with SmartExecutor(max_workers=2) as ex:
         runs = list(ex.map(meet, range(40), [str(tmp_path)] * 40))
-    assert os.getpid() not in {pid for pid, _ in runs}  # nothing ran in this process
+    # Items 0 and 1 ran in two workers at once (later items, measured too
+    # cheap to send, may move to a loop here: that is not what this tests).
+    assert os.getpid() not in {pid for pid, _ in runs[:2]}
     assert runs[0][1] and runs[1][1], runs[:2]
     assert runs[0][0] != runs[1][0]
 
