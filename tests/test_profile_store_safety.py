@@ -364,3 +364,38 @@ def test_the_cli_says_why_it_does_not_use_a_directory(profile_store, monkeypatch
     result = cli("cache")
     assert result.returncode == 0, result.stderr
     assert "is no usable path" in result.stdout and "Traceback" not in result.stderr
+
+
+STARTS_WHERE = """
+import os
+from smartexec import SmartExecutor
+
+def pid_or_double(x):
+    return os.getpid() if x < 0 else x * 2
+
+items = {items}
+with SmartExecutor(max_workers=2) as ex:
+    out = list(ex.map(pid_or_double, items))
+    print("ENDED", ex.decisions()[-1].backend)
+    print("FIRST-HERE", out[0] == os.getpid())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_where_an_item_runs_first_does_not_depend_on_what_an_earlier_run_stored(tmp_path):
+    # Issue 32: a stored "it ended in a loop here" made the next run start in
+    # the caller's thread, where a crashing first item kills the program; the
+    # first run (empty store) had crashed a worker instead. Now both runs
+    # start in the workers, and the second re-earns the loop from its own
+    # first chunks.
+    from ._children import run_python
+
+    env_line = f"import os; os.environ['SMARTEXEC_CACHE_DIR'] = {str(tmp_path)!r}\n"
+    cheap = list(range(20_000))
+    first = run_python(env_line + STARTS_WHERE.format(items=cheap), timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "ENDED inline" in first.stdout or "ENDED thread" in first.stdout, first.stdout
+    assert list(tmp_path.glob("*.json")), "the first run stored its profile"
+    second = run_python(env_line + STARTS_WHERE.format(items=[-1] + cheap), timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "FIRST-HERE False" in second.stdout, second.stdout
