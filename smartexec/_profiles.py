@@ -1010,13 +1010,24 @@ def earlier_run_reason(profile: StoredProfile) -> str:
     where = "earlier in this process" if profile.from_this_process else "in an earlier run"
     if profile.source == "submits":
         # Measured in process workers; the backend stored is where they moved.
+        check = (
+            "a map re-checks it on its first chunks"
+            if profile.from_this_process
+            else "this run's own submits must move them again"
+        )
         return (
             f"measured by {profile.items} completed submits {where} ({when}): "
             f"{format_seconds(profile.per_item_s)} per call in process workers{send}{gil} "
-            f"-> its submits moved to {profile.backend}; a map re-checks it on its first chunks"
+            f"-> its submits moved to {profile.backend}; {check}"
         )
     head = f"measured {where} ({when}, {profile.items} items)"
+    check = "a map re-checks it on its first chunks"
+    if not profile.from_this_process and profile.backend in ("thread", "inline"):
+        check = (
+            f"it starts on processes all the same: a move to {profile.backend} is "
+            f"re-earned from this run's first chunks"
+        )
     return (
         f"{head}: {format_seconds(profile.per_item_s)} per {unit} on {profile.backend}"
-        f"{send}{gil}; a map re-checks it on its first chunks"
+        f"{send}{gil}; {check}"
     )

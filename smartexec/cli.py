@@ -243,4 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache.add_argument("--clear", action="store_true", help="remove every saved profile")
     cache.set_defaults(run=_cache)
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as Unix tools do,
+        # with stdout pointed at nothing so the interpreter's flush at exit is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -736,6 +736,14 @@ def _importable_loky(f: _Facts) -> Decision | None:
     return _on_processes(f, "loky", f"it pickles by reference; {_no_fork(f.platform, f.options)}")
 
 
+#: Said of a callable declared with :func:`smartexec.thread_safe`.
+DECLARED_THREAD_SAFE = Reason(
+    "declared-thread-safe",
+    "declared with smartexec.thread_safe: threads and a loop here may run it whatever its "
+    "code writes (its writes are not checked)",
+)
+
+
 #: The routing table, first match wins; ``row`` is the row's number in
 #: docs/routing.md (row 0, the effects, is :func:`permits`, which the thread
 #: rows consult). tests/test_policy.py checks the docs' table against it.
@@ -768,5 +776,7 @@ def _decide(
     for rule in TABLE:
         decision = rule.apply(facts)
         if decision is not None:
+            if profile.effects.declared and options.backend is None:
+                decision = replace(decision, reasons=(*decision.reasons, DECLARED_THREAD_SAFE))
             return replace(decision, rule=rule.id)
     raise AssertionError("the last row always matches")  # pragma: no cover

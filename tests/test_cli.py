@@ -153,3 +153,13 @@ def test_version_without_installed_metadata(monkeypatch):
 
     monkeypatch.setattr(metadata, "version", missing)
     assert cli.package_version() == smartexec.__version__
+
+
+@pytest.mark.timeout(60)
+def test_explain_into_a_closed_pipe_stops_quietly():
+    import subprocess
+    import sys
+
+    shell = f"{sys.executable} -m smartexec explain json:dumps | head -1"
+    result = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=50)
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr

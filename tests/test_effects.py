@@ -490,3 +490,19 @@ def unguarded_after_a_check(i):
 
 def test_a_write_behind_another_test_is_still_a_write():
     assert kinds(unguarded_after_a_check) == {"shared"}
+
+
+def test_a_write_in_a_helper_names_the_helper():
+    (effect,) = effects_of(through_a_helper).found
+    assert "_fill()" in effect.what and "_BUF" in effect.what
+
+
+def test_explain_says_a_declared_callable_was_trusted():
+    def fill(i):
+        _TABLE[3] = i
+        time.sleep(0)
+        return i
+
+    thread_safe(fill)
+    text = str(smartexec.SmartExecutor().explain(fill))
+    assert "declared with smartexec.thread_safe" in text, text

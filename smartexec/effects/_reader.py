@@ -53,6 +53,10 @@ class Budget:
         self.stack: list[types.CodeType] = []
 
     def add(self, kind: Kind, what: str, where: str) -> None:
+        """Record an effect once; one found in a function it calls names that function."""
+        if len(self.stack) > 1:
+            code = self.stack[-1]
+            what = f"{what} in {getattr(code, 'co_qualname', code.co_name)}()"
         self.found.setdefault((kind, what), Effect(kind, what, where))
 
 
