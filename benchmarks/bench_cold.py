@@ -60,6 +60,7 @@ CHILD = os.path.join(HERE, "_cold_child.py")
 sys.path.insert(0, HERE)
 
 import _cold_workloads as cw  # noqa: E402
+import _header  # noqa: E402
 from _cold_child import MARKER  # noqa: E402
 
 SHM = "/dev/shm"
@@ -520,20 +521,8 @@ def stability_report(results: list[Run], rows: list[cw.Workload]) -> str:
 
 
 def machine(args: argparse.Namespace, params: cw.Params, have: set[str]) -> str:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    commit = "?"
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        commit = subprocess.run(
-            ["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+    version = _header.version
+    commit = _header.commit(HERE)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [
         f"machine: {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), "

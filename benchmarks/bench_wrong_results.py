@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -51,6 +50,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+import _header  # noqa: E402
 
 from tests.scenarios import _never_wrong_workloads as nw  # noqa: E402
 
@@ -213,20 +215,8 @@ def table(rows: list[Row]) -> str:
 
 
 def machine(args: argparse.Namespace) -> str:
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    commit = "?"
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        commit = subprocess.run(
-            ["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+    version = _header.version
+    commit = _header.commit(HERE)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join(
         [
