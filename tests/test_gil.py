@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import threading
 import time
@@ -187,12 +188,21 @@ def test_a_chunk_given_as_an_iterator_runs_while_a_watch_is_due():
     assert [value for _, value in result.outcomes] == [0.0] * 3
 
 
-def test_a_watch_is_not_started_for_a_short_rest():
+def test_a_watch_is_not_started_for_a_short_rest(monkeypatch):
+    import types
+
     from smartexec import _remote
 
     _worker_watch_key(_nap)
-    # After 1.5 ms one item is left: at that pace, under MIN_WATCHED_S.
-    result = _remote.run_chunk(_nap, [((0.0015,), {}), ((0.0,), {})], remote=True)
+    # After 1.5 ms one item is left: at that pace, under MIN_WATCHED_S. The
+    # pace is injected (a clock that moves 1.5 ms a reading): a busy machine
+    # stretched the real 1.5 ms sleep to 5 ms, and that rest was watched.
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(
+        perf_counter=lambda: next(ticks) * 0.0015, thread_time=time.thread_time
+    )
+    monkeypatch.setattr(_remote, "time", clock)
+    result = _remote.run_chunk(_nap, [((0.0,), {}), ((0.0,), {})], remote=True)
     assert result.gil is None and len(result.outcomes) == 2
 
 
