@@ -506,3 +506,37 @@ def test_explain_says_a_declared_callable_was_trusted():
     thread_safe(fill)
     text = str(smartexec.SmartExecutor().explain(fill))
     assert "declared with smartexec.thread_safe" in text, text
+
+
+class _Tally:
+    seen = 0
+
+    def note(self, i):
+        type(self).seen = i
+        return type(self).seen
+
+
+def updates_environ(i):
+    os.environ.update(SMARTEXEC_TEST_ITEM=str(i))
+    return os.environ["SMARTEXEC_TEST_ITEM"]
+
+
+def redirects_stdout(i):
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        print(i)
+    return i
+
+
+@pytest.mark.parametrize(
+    "fn, kind",
+    [(_Tally().note, "shared"), (updates_environ, "process"), (redirects_stdout, "process")],
+)
+def test_writes_through_stdlib_methods_and_type_are_found(fn, kind):
+    # Found by a last break-it pass: a stdlib method of a module-level object
+    # (os.environ.update), a class attribute through type(self), and
+    # contextlib's process-wide redirections.
+    assert kind in kinds(fn), effects_of(fn)
+    assert not effects_of(fn).allows("thread")

@@ -6,6 +6,7 @@ import ast
 import builtins
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -92,6 +93,7 @@ class Scope:
                 self.locals.add(sub.name)
             elif isinstance(sub, (ast.Import, ast.ImportFrom)):
                 self.locals.update((a.asname or a.name).split(".")[0] for a in sub.names)
+                self.known.update(imported(sub))
             elif isinstance(sub, ast.ExceptHandler) and sub.name:
                 self.locals.add(sub.name)
         self.locals -= self.globals_declared | self.nonlocals
@@ -545,12 +547,16 @@ class FunctionReader:
             self_ref = (
                 self.ref(node.func.value) if isinstance(node.func, ast.Attribute) else NOTHING
             )
+            if not user_code(callee.__func__.__code__):
+                # Not read (the standard library's, a package's): judged by its
+                # name, as a method of an unknown object is (os.environ.update).
+                self.method_call(callee.__name__, self_ref, call, node)
             return reader.function(
                 callee.__func__, call, {first_param(callee.__func__): owner}, self_ref
             )
         if isinstance(callee, types.FunctionType):
             return reader.function(callee, call)
-        if isinstance(callee, type):
+        if isinstance(callee, type) and callee is not type:
             init = inspect.getattr_static(callee, "__init__", None)
             if isinstance(init, types.FunctionType):
                 reader.function(init, call, None, NOTHING)
@@ -619,3 +625,24 @@ def missing(test: ast.expr) -> set[str]:
         if left.func.attr == "get" and len(left.args) == 1:
             return {ast.unparse(ast.Subscript(left.func.value, left.args[0]))}
     return {ast.unparse(left)}
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> dict[str, Any]:
+    """The modules (and their attributes) a local ``import`` binds, where already loaded.
+
+    Lookups in ``sys.modules`` only: nothing is imported.
+    """
+    found: dict[str, Any] = {}
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            name = alias.asname or alias.name.split(".")[0]
+            module = sys.modules.get(alias.name if alias.asname else name)
+            if module is not None:
+                found[name] = module
+    elif node.module and not node.level:
+        module = sys.modules.get(node.module)
+        for alias in node.names if module is not None else ():
+            value = vars(module).get(alias.name, MISSING)
+            if value is not MISSING:
+                found[alias.asname or alias.name] = value
+    return found

@@ -174,6 +174,8 @@ def result_ref(callee: Any, call: Call) -> Ref:
         return functools.reduce(Ref.__or__, call.args, call.spread).holding()
     if name == "globals" and getattr(callee, "__module__", "") == "builtins":
         return root_ref(Root("shared", "its module's globals"))
+    if callee is type and len(call.args) == 1:
+        return root_ref(Root("shared", "a class's attributes (`type(...)`)"))
     return NOTHING
 
 

@@ -43,6 +43,7 @@ PROCESS_STATE: dict[str, frozenset[str]] = {
     "faulthandler": frozenset({"enable", "disable", "register", "dump_traceback_later"}),
     "warnings": frozenset({"simplefilter", "filterwarnings", "resetwarnings"}),
     "logging": frozenset({"basicConfig", "disable"}),
+    "contextlib": frozenset({"redirect_stdout", "redirect_stderr", "chdir"}),
     "socket": frozenset({"setdefaulttimeout"}),
     "_socket": frozenset({"setdefaulttimeout"}),
     "atexit": frozenset({"register", "unregister"}),
