@@ -540,3 +540,33 @@ def test_writes_through_stdlib_methods_and_type_are_found(fn, kind):
     # contextlib's process-wide redirections.
     assert kind in kinds(fn), effects_of(fn)
     assert not effects_of(fn).allows("thread")
+
+
+_CYCLE = iter([np.empty(4), np.empty(4)])
+_SPACE = type("Space", (), {})()
+_SPACE.buf = np.empty(4)
+
+
+def next_buffer(i):
+    buf = next(_CYCLE)
+    np.multiply(np.ones(4), i, out=buf)
+    return float(buf.sum())
+
+
+def named_buffer(i, name="buf"):
+    buf = getattr(_SPACE, name)
+    np.multiply(np.ones(4), i, out=buf)
+    return float(buf.sum())
+
+
+def astype_in_place(x):
+    view = x.astype(np.float64, copy=False)
+    np.log1p(view, out=view)
+    return float(view.sum())
+
+
+@pytest.mark.parametrize("fn", [next_buffer, named_buffer, astype_in_place])
+def test_next_getattr_and_astype_without_copy_alias_what_they_read(fn):
+    # Found by the break-it pass: a buffer drawn from a module-level cycle,
+    # reached by getattr, or an argument's astype(copy=False) view.
+    assert not effects_of(fn).allows("thread"), effects_of(fn)

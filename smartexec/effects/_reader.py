@@ -509,7 +509,7 @@ class FunctionReader:
             self.write(receiver, f" (.{name}())", node)
         if name in METHODS_WRITING_ARGUMENT and call.args:
             self.write(call.args[0], f" (.{name}())", node)
-        if name in VIEW_METHODS:
+        if name in VIEW_METHODS or (name == "astype" and _no_copy(call)):
             return receiver
         if name in ELEMENT_METHODS:
             return receiver.element()
@@ -540,6 +540,8 @@ class FunctionReader:
         found = table_effect(callee, module, fname)
         if found is not None:
             reader.budget.add(found[0], found[1], where)
+        if callee is next and call.args:
+            self.write(call.args[0], " (`next()` advances it)", node)
         position = WRITES_ARGUMENT.get((module, fname))
         if position is not None and position < len(call.args):
             self.write(call.args[position], f" (`{name}`)", node)
@@ -646,3 +648,8 @@ def imported(node: ast.Import | ast.ImportFrom) -> dict[str, Any]:
             if value is not MISSING:
                 found[alias.asname or alias.name] = value
     return found
+
+
+def _no_copy(call: Call) -> bool:
+    """A ``copy=`` keyword was passed (``copy=False``): the result may be the object itself."""
+    return "copy" in call.keywords

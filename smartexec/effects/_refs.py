@@ -176,6 +176,8 @@ def result_ref(callee: Any, call: Call) -> Ref:
         return root_ref(Root("shared", "its module's globals"))
     if callee is type and len(call.args) == 1:
         return root_ref(Root("shared", "a class's attributes (`type(...)`)"))
+    if callee in (vars, getattr, next) and call.args:
+        return call.args[0].element()  # its attributes, or the next of its elements
     return NOTHING
 
 
