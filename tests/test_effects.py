@@ -570,3 +570,38 @@ def test_next_getattr_and_astype_without_copy_alias_what_they_read(fn):
     # Found by the break-it pass: a buffer drawn from a module-level cycle,
     # reached by getattr, or an argument's astype(copy=False) view.
     assert not effects_of(fn).allows("thread"), effects_of(fn)
+
+
+_LAST_CALL = None
+
+
+def one_entry_memo(x):
+    global _LAST_CALL
+    if _LAST_CALL is None or _LAST_CALL[0] != x:
+        _LAST_CALL = (x, x * 2)
+    return _LAST_CALL[1]
+
+
+@functools.cache
+def _workspace(n):
+    return np.empty(n)
+
+
+def cached_workspace(i):
+    buf = _workspace(4)
+    np.multiply(np.ones(4), i, out=buf)
+    return float(buf.sum())
+
+
+@functools.cache
+def cached_scratch(i):
+    _BUF[:] = i
+    return float(_BUF.sum())
+
+
+@pytest.mark.parametrize("fn", [one_entry_memo, cached_workspace, cached_scratch])
+def test_memos_that_overwrite_and_cached_objects_are_shared(fn):
+    # From the break-it pass: a one-entry memo overwrites what another call
+    # reads; an lru_cache returns one object to every call; an lru_cache'd
+    # callable is read through to its function.
+    assert not effects_of(fn).allows("thread"), effects_of(fn)

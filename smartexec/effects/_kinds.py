@@ -87,6 +87,10 @@ def read_callable(reader: Reader, fn: Any, call: Call, depth: int) -> None:
             receiver = object_ref(owner, f"the object it is bound to (a {type(owner).__name__})")
         read_builtin(reader, fn, owner, receiver)
         return
+    wrapped = inspect.getattr_static(fn, "__wrapped__", None)
+    if isinstance(wrapped, types.FunctionType):  # an lru_cache or kin around the user's code
+        read_callable(reader, wrapped, call, depth + 1)
+        return
     call_method = inspect.getattr_static(type(fn), "__call__", None)
     if isinstance(call_method, types.FunctionType):
         receiver = object_ref(fn, f"the callable object (a {type(fn).__name__})")

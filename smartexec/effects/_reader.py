@@ -573,7 +573,9 @@ class FunctionReader:
             and not isinstance(callee, types.FunctionType)
             and user_code(wrapped.__code__)
         ):
-            return reader.function(wrapped, call)  # the user's code in an lru_cache or kin
+            reader.function(wrapped, call)  # the user's code in an lru_cache or kin
+            # What a cache returns is the same object for every call that hits it.
+            return root_ref(Root("shared", f"what the cached `{name}` returns"))
         if is_ufunc(callee):
             nin = int(getattr(callee, "nin", 1))
             for out in call.args[nin:]:
@@ -611,7 +613,10 @@ def missing(test: ast.expr) -> set[str]:
     ``or`` counts.
     """
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
-        return set().union(*(missing(v) for v in test.values))
+        # A fill only when every way into the branch finds it missing:
+        # `_M is None or _M[0] != x` also overwrites what is there.
+        found = [missing(v) for v in test.values]
+        return set.intersection(*found) if found else set()
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return {ast.unparse(test.operand)}
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
