@@ -24,7 +24,7 @@ def source_tree(code: types.CodeType, module_globals: dict[str, Any]) -> ast.Mod
     lines = linecache.getlines(code.co_filename, module_globals)
     if not lines:
         return None
-    key = (code.co_filename, len(lines), hash(lines[-1]) ^ hash(lines[0]))
+    key = (code.co_filename, len(lines), hash("".join(lines)))  # any edit is a new key
     with _TREES_LOCK:
         if key in _TREES:
             _TREES.move_to_end(key)
