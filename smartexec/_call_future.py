@@ -17,6 +17,7 @@ lock is let go.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import time
@@ -73,6 +74,8 @@ class CallFuture(ChainedFuture):
     ):
         super().__init__(inner)
         self._origin: tuple[Any, Call, str] | None = None if call is None else (fn, call, backend)
+        # The submitter's context: a call moved to threads later runs in a copy of it.
+        self.context = contextvars.copy_context()
         self._resend = resend
         self._retries = retries
         self._learn = learn
@@ -133,8 +136,12 @@ class CallFuture(ChainedFuture):
                 return self.cancelled()
         return Future.cancel(self)  # a plain future: nothing sends or moves it
 
-    def move(self, send: Callable[[Call], Future[ChunkResult]], backend: str) -> bool:
-        """Send the call with ``send`` instead, if no worker has taken it yet.
+    def move(
+        self, send: Callable[[Call, contextvars.Context], Future[ChunkResult]], backend: str
+    ) -> bool:
+        """Send the call with ``send(call, context)`` instead, if no worker has taken it yet.
+
+        ``context`` is the submitter's (:mod:`smartexec._context`).
 
         The chunk queued on the first backend is cancelled there (it never
         runs) and ``send(call)`` makes the one this future follows from now
@@ -151,7 +158,7 @@ class CallFuture(ChainedFuture):
             if inner is None or origin is None or inner.running() or inner.done():
                 return False
             call = origin[1]
-            self._moving = functools.partial(send, call)
+            self._moving = functools.partial(send, call, self.context)
             self._origin = (origin[0], call, backend)
             if inner.cancel():  # _transfer, called back here, sends it
                 return True
@@ -191,7 +198,7 @@ class CallFuture(ChainedFuture):
     def release_to_threads(self, submit_call: Callable[..., Future[Any]]) -> bool:
         """Run a parked call on the thread backend; False if it was cancelled meanwhile.
 
-        ``submit_call(fn, args, kwargs)`` is the thread backend's
+        ``submit_call(fn, args, kwargs, context=...)`` is the thread backend's
         :meth:`~smartexec.backends.thread.ThreadBackend.submit_call`: the
         call is never pickled, and this future follows the pool's own.
         """
@@ -204,7 +211,7 @@ class CallFuture(ChainedFuture):
             fn, (args, kwargs), _ = origin
             self._origin = (fn, (args, kwargs), "thread")
             try:
-                inner = submit_call(fn, args, kwargs)
+                inner = submit_call(fn, args, kwargs, context=self.context)
             except BaseException as exc:
                 self._origin = None
                 self._deferred.append(functools.partial(self._fail, exc, origin))

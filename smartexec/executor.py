@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -29,6 +30,7 @@ from typing import Any, Literal, TypeVar
 from . import _initializer, _profiles, _threads
 from ._call_future import CallFuture as _CallFuture
 from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
+from ._context import InContext
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
 from ._mapping import (
@@ -1436,11 +1438,11 @@ class SmartExecutor(Executor):
                 )
                 for future, _send_it in parked:
                     moved += future.release_to_threads(submit_call)
-            target = thread.prepare_call(fn, False)
             stats = self._stats
 
-            def send(call: Call) -> Future[ChunkResult]:
-                return _send(thread, target, [call], None, None, stats)
+            def send(call: Call, context: contextvars.Context) -> Future[ChunkResult]:
+                # In a copy of the submitter's context, not this thread's.
+                return _send(thread, InContext(fn, context), [call], None, None, stats)
 
             for future in calls:
                 origin = future._origin
@@ -1813,7 +1815,7 @@ class SmartExecutor(Executor):
             initialize = getattr(backend, "initialize", None)
             if initialize is not None and nested is None:
                 initialize()  # backend="inline" runs the initializer in this thread
-            return lazy_inline(fn, inputs, self._stats.inline)
+            return lazy_inline(InContext(fn), inputs, self._stats.inline)
         # Routing is the executor's to tune only where the user fixed none of
         # it: no chunksize, backend, deadline, initializer, nor a callable
         # shared by copy-on-write (its writes must stay in the workers).
@@ -1965,14 +1967,14 @@ class SmartExecutor(Executor):
             # Kept as the probe reads them: reading ahead would block map() on
             # a slow producer.
             items = _recording(items, head, PICKLE_SAMPLE, star)
-        run = InlineRun(fn, items, estimate, star, self._stats.inline)
+        run = InlineRun(InContext(fn), items, estimate, star, self._stats.inline)
         prefix: list[Any] = []
         measured_now = estimate.per_item_s is None
         if measured_now or gil_check:
             prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
         if gil_check and self._worth_watching(run, estimate, backend, remaining):
             # Run the next items on two threads while sampling the GIL.
-            watched = watch(fn, run.inputs, star, max_items=GIL_PROBE_MAX_ITEMS)
+            watched = watch(run.fn, run.inputs, star, max_items=GIL_PROBE_MAX_ITEMS)
             prefix += watched.results
             self._stats.inline(len(watched.results), watched.profile.wall_s)
             run.items += len(watched.results)
@@ -2148,7 +2150,7 @@ class SmartExecutor(Executor):
                 "inline",
                 (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
             )
-            return lazy_inline(fn, inputs, self._stats.inline)
+            return lazy_inline(InContext(fn), inputs, self._stats.inline)
         evidence = Evidence(backend.max_workers)
         settled = False
         relay: Relay
@@ -2447,7 +2449,7 @@ class SmartExecutor(Executor):
         estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
         if verdict.target == "inline":
             stream.detach()
-            relay.append(InlineStream(fn, inputs, self._stats.inline))
+            relay.append(InlineStream(InContext(fn), inputs, self._stats.inline))
             # The process route's reasons no longer hold for its next maps,
             # and a GIL use measured now replaces one from an earlier run.
             ended = dataclasses.replace(

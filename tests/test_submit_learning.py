@@ -312,7 +312,7 @@ def test_a_move_whose_new_route_refuses_goes_back_to_the_first():
     again: Future[ChunkResult] = Future()
     outer = _CallFuture(first, waits, ((1,), {}), "fork", resend=lambda: again)
 
-    def refuse(call):
+    def refuse(call, context):
         raise RuntimeError("cannot schedule new futures after shutdown")
 
     assert outer.move(refuse, "thread")
@@ -641,7 +641,7 @@ def test_a_parked_future_released_late_or_refused():
 
     inner: Future[int] = Future()
     on_threads = _CallFuture(None, operator.add, ((1, 2), {}), "fork", parked=True)
-    assert on_threads.release_to_threads(lambda fn, args, kwargs: inner)
+    assert on_threads.release_to_threads(lambda fn, args, kwargs, context: inner)
     assert not on_threads.done()
     inner.set_result(3)
     assert on_threads.result(timeout=0) == 3
@@ -714,7 +714,7 @@ def test_no_done_callback_runs_under_a_futures_lock():
     both_sent = threading.Barrier(2)
 
     def ran_already(
-        fn, args, kwargs
+        fn, args, kwargs, context
     ):  # a fast pool thread finished it before its callback was added
         done: Future[int] = Future()
         done.set_result(fn(*args, **kwargs))

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .. import _initializer
+from .._context import InContext
 from .._remote import Call, ChunkResult, run_chunk
 from ..errors import InitializerError, ThreadInitializerError
 from ._base import Backend
@@ -90,6 +91,10 @@ class InlineBackend(Backend):
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:
         return 1
+
+    def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
+        """``fn`` run in a copy of the caller's context: its changes there stay its own."""
+        return InContext(fn)
 
     def submit_chunk(
         self, fn: Any, chunk: Sequence[Call], budget_s: float | None = None

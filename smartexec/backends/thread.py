@@ -9,6 +9,7 @@ CPUs (:class:`smartexec._blas.ThreadCap`).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 
 from .. import _initializer
 from .._blas import THREAD_CAP
+from .._context import InContext
 from .._remote import Call, ChunkResult, run_chunk
 from .._threads import _USER_CODE, running_user_code, user_code_ends, user_code_starts
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
@@ -277,6 +279,10 @@ class ThreadBackend(Backend):
         """The stdlib's default, ``min(32, cpu_count + 4)``: room for I/O waits."""
         return min(32, cpu_count + 4)
 
+    def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
+        """``fn`` run in a copy of the submitting thread's context (see :mod:`smartexec._context`)."""
+        return InContext(fn)
+
     def unclocked(self, fn: Any) -> Any:
         """What to send in place of ``fn`` for chunks whose CPU seconds nobody reads.
 
@@ -349,6 +355,7 @@ class ThreadBackend(Backend):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         on_done: CallLog | None = None,
+        context: contextvars.Context | None = None,
     ) -> Future[Any]:
         """Run one call on a pool thread; return the pool's own future for it.
 
@@ -366,12 +373,15 @@ class ThreadBackend(Backend):
                 before its future is completed (a
                 :class:`~smartexec.stats.CallLog`); not for a call cancelled
                 before it ran. Or None.
+            context: the context the call runs in a copy of (the
+                submitter's, captured at ``submit``); None: this thread's.
 
         Raises:
             RuntimeError: the backend was shut down.
             ThreadInitializerError: the initializer failed.
         """
         next(self._calls_in)  # first: release_idle() must not take the pool from under it
+        fn = InContext(fn, context)
         try:
             run = self._runners.get(on_done)
             if run is None:
