@@ -39,8 +39,11 @@ from ._tables import (
     is_ufunc,
     place,
     qualified,
+    reads_only,
+    stdlib_type,
     table_effect,
     user_code,
+    user_module,
 )
 
 # --- reading ----------------------------------------------------------------
@@ -108,6 +111,8 @@ class Scope:
 
     def lookup(self, name: str) -> Ref:
         if name in self.locals:
+            if name not in self.env and name in self.known:  # a local import
+                return object_ref(self.known[name], f"`{name}`")
             return self.env.get(name, NOTHING)
         if self.parent is not None and name not in self.globals_declared:
             return self.parent.lookup(name)
@@ -172,9 +177,33 @@ class Reader:
 
     def __init__(self) -> None:
         self.budget = Budget()
+        #: per module namespace (by id): method name -> the user's functions of that name
+        self.methods: dict[int, dict[str, list[types.FunctionType]]] = {}
 
     def effects(self) -> tuple[tuple[Effect, ...], tuple[str, ...]]:
         return tuple(self.budget.found.values()), tuple(self.budget.trusted)
+
+    def user_methods(self, fn: types.FunctionType, name: str) -> list[types.FunctionType]:
+        """The user's methods called ``name``, of the classes ``fn``'s module has at its top level.
+
+        What ``obj.name(...)`` may run when ``obj`` is not known
+        (``_POOL[0].run(i)``, ``super().run(i)``).
+        """
+        space = fn.__globals__
+        methods = self.methods.get(id(space))
+        if methods is None:
+            methods = self.methods[id(space)] = {}
+            classes = [v for v in list(space.values()) if isinstance(v, type)]
+            for cls in classes:
+                for base in cls.__mro__:
+                    for key, value in list(vars(base).items()):
+                        if isinstance(value, (staticmethod, classmethod)):
+                            value = value.__func__
+                        if isinstance(value, types.FunctionType) and user_code(value.__code__):
+                            found = methods.setdefault(key, [])
+                            if value not in found:
+                                found.append(value)
+        return methods.get(name, [])
 
     def unread(self, what: str, where: str = "") -> None:
         self.budget.add("unread", what, where)
@@ -239,6 +268,8 @@ class Reader:
                     ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MUTATING_METHODS
                 ):
                     self.unread(f"{fn.__qualname__} writes into an object; no source to say which")
+            if any(isinstance(c, tuple) and "out" in c for c in sub.co_consts):
+                self.unread(f"{fn.__qualname__} passes an `out=`; no source to say where")
         return root_ref(Root("shared", f"what {fn.__qualname__} returns"))
 
 
@@ -368,8 +399,11 @@ class FunctionReader:
     def visit_Global(self, node: ast.Global) -> None:
         return None
 
-    def nested(self, node: ast.AST) -> None:
-        """A nested function or class: its body is read as if it ran (its names see ours)."""
+    def nested(self, node: ast.AST, params: dict[str, Ref] | None = None) -> None:
+        """A nested function or class: its body is read as if it ran (its names see ours).
+
+        ``params``: what its parameters may be (a lambda passed to a call), else nothing known.
+        """
         if isinstance(node, ast.ClassDef):
             for stmt in node.body:
                 self.visit(stmt)
@@ -378,7 +412,7 @@ class FunctionReader:
         for default in (*node.args.defaults, *(d for d in node.args.kw_defaults if d)):
             self.ref(default)
         if self.record:
-            inner = Scope(self.scope.reader, self.scope.fn, node, {}, {}, parent=self.scope)
+            inner = Scope(self.scope.reader, self.scope.fn, node, params or {}, {}, self.scope)
             inner.cells = {}
             FunctionReader(inner).read()
         if not isinstance(node, ast.Lambda):
@@ -482,7 +516,11 @@ class FunctionReader:
                 call.keywords[kw.arg] = self.ref(kw.value)
         if "out" in call.keywords:
             self.write(call.keywords["out"].element() | call.keywords["out"], " (out=)", node)
+        if self.record:
+            self.passed_functions(node, call)
         callee = self.scope.value(node.func)
+        if callee is super and not node.args:
+            return self.scope.lookup(first_param_of(self.scope.node))  # super(): self
         if callee is not MISSING:
             return self.known_call(callee, call, node)
         func = node.func
@@ -490,6 +528,11 @@ class FunctionReader:
             receiver = self.ref(func.value)
             if is_generator(self.scope.value(func.value)):
                 self.write(receiver, f" (draws from it: `{dotted(func)}`)", node)
+            library = self.library_module(func.value)
+            if library is not None:
+                # A library's function not loaded yet (numpy.random before its
+                # first use): judged by its name, as the library's functions are.
+                return self.method_call(func.attr, receiver, call, node, library)
             return self.method_call(func.attr, receiver, call, node)
         target = self.ref(func)
         if self.record:
@@ -504,9 +547,65 @@ class FunctionReader:
                 )
         return NOTHING
 
-    def method_call(self, name: str, receiver: Ref, call: Call, node: ast.Call) -> Ref:
+    def library_module(self, expr: ast.expr) -> types.ModuleType | None:
+        """The library module ``expr`` (``np.random``) starts from, when it is not found from there."""
+        while isinstance(expr, ast.Attribute):
+            expr = expr.value
+        found = self.scope.value(expr)
+        if isinstance(found, types.ModuleType) and not user_module(found):
+            return found
+        return None
+
+    def passed_functions(self, node: ast.Call, call: Call) -> None:
+        """Read the user's functions and lambdas passed as arguments, as the callee may call them.
+
+        ``map(f, rows)``, ``functools.reduce(lambda acc, p: ..., parts)``,
+        ``sorted(xs, key=f)``: each parameter may be any of the other
+        arguments or their elements.
+        """
+        given = [*node.args, *(kw.value for kw in node.keywords)]
+        others = functools.reduce(Ref.__or__, [*call.args, *call.keywords.values()], call.spread)
+        others = others | others.element()
+        for arg in given:
+            if isinstance(arg, ast.Starred):
+                continue
+            if isinstance(arg, ast.Lambda):
+                names = params_of(arg)
+                self.nested(arg, {name: others for name in names})
+                continue
+            value = self.scope.value(arg)
+            if isinstance(value, types.FunctionType) and user_code(value.__code__):
+                count = value.__code__.co_argcount + value.__code__.co_kwonlyargcount
+                self.scope.reader.function(value, Call([others] * count, spread=others))
+
+    def method_call(
+        self, name: str, receiver: Ref, call: Call, node: ast.Call, owner: Any = MISSING
+    ) -> Ref:
+        """A method the lookups did not resolve (``owner`` MISSING) or a library's, judged by its name.
+
+        A method that changes its object by its name (``append``) writes the
+        receiver. Otherwise the user's own methods of that name are read
+        with the receiver as ``self``; a library object's method is trusted
+        (an installed package's) or must be known to read only (the
+        standard library's: ``owner``'s type); an unknown object's method
+        must be one that only reads on every type that has it. Anything
+        else may change the receiver, and is a write to it.
+        """
         if name in MUTATING_METHODS:
             self.write(receiver, f" (.{name}())", node)
+        elif owner is not MISSING:
+            library = isinstance(owner, types.ModuleType) or not stdlib_type(type(owner))
+            if not library and not reads_only(name, type(owner)):
+                self.write(receiver, f" (.{name}())", node)
+        elif self.record:
+            methods = self.scope.reader.user_methods(self.scope.fn, name)
+            result = NOTHING
+            for method in methods:
+                result = result | self.scope.reader.function(method, call, None, receiver)
+            if methods:
+                return result
+            if not reads_only(name):
+                self.write(receiver, f" (.{name}(), a method it cannot see into)", node)
         if name in METHODS_WRITING_ARGUMENT and call.args:
             self.write(call.args[0], f" (.{name}())", node)
         if name in VIEW_METHODS or (name == "astype" and _no_copy(call)):
@@ -551,12 +650,14 @@ class FunctionReader:
             )
             if not user_code(callee.__func__.__code__):
                 # Not read (the standard library's, a package's): judged by its
-                # name, as a method of an unknown object is (os.environ.update).
-                self.method_call(callee.__name__, self_ref, call, node)
+                # name and its object's type (os.environ.update, log.addHandler).
+                self.method_call(callee.__name__, self_ref, call, node, owner)
             return reader.function(
                 callee.__func__, call, {first_param(callee.__func__): owner}, self_ref
             )
         if isinstance(callee, types.FunctionType):
+            if not user_code(callee.__code__) and not is_declared(callee):
+                return result_ref(callee, call)
             return reader.function(callee, call)
         if isinstance(callee, type) and callee is not type:
             init = inspect.getattr_static(callee, "__init__", None)
@@ -585,7 +686,7 @@ class FunctionReader:
             if id(owner) in generators or is_ufunc(owner):
                 return NOTHING
             receiver = object_ref(owner, f"the object `{name}` is bound to")
-            return self.method_call(getattr(callee, "__name__", ""), receiver, call, node)
+            return self.method_call(getattr(callee, "__name__", ""), receiver, call, node, owner)
         if isinstance(callee, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             if getattr(callee, "__name__", "") in MUTATING_METHODS and call.args:
                 self.write(call.args[0], f" (`{name}`)", node)
@@ -604,6 +705,12 @@ class FunctionReader:
         if fname and module not in ("builtins",):
             reader.budget.trusted.setdefault(f"{module}.{fname}" if module else fname, None)
         return result_ref(callee, call)
+
+
+def first_param_of(node: FunctionNode) -> str:
+    """The name of ``node``'s first positional parameter (``self``), or ""."""
+    positional = [*node.args.posonlyargs, *node.args.args]
+    return positional[0].arg if positional else ""
 
 
 def missing(test: ast.expr) -> set[str]:

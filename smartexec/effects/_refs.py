@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import logging
+import sys
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,6 +21,7 @@ from ._tables import (
     PROCESS_OBJECTS,
     STREAMS,
     is_ufunc,
+    user_module,
 )
 
 # --- what an expression may refer to ----------------------------------------
@@ -70,8 +74,15 @@ def object_ref(obj: Any, label: str) -> Ref:
         return NOTHING
     if id(obj) in PROCESS_OBJECTS:
         return root_ref(Root("process", PROCESS_OBJECTS[id(obj)]))
+    if isinstance(obj, threading.local):
+        return NOTHING  # each thread's own, as each worker process's is
+    if isinstance(obj, logging.Logger):
+        return root_ref(Root("process", f"the logger `{obj.name}`"))
     if isinstance(obj, types.ModuleType):
-        return root_ref(Root("shared", f"module `{obj.__name__}`"))
+        # A library's module attributes are settings of the whole process
+        # (tempfile.tempdir); the user's own modules hold the user's state.
+        kind: Literal["shared", "process"] = "shared" if user_module(obj) else "process"
+        return root_ref(Root(kind, f"module `{obj.__name__}`"))
     if isinstance(obj, type):
         if obj.__module__ == "builtins":
             return NOTHING
@@ -102,7 +113,10 @@ def static_attribute(owner: Any, name: str) -> Any:
     method of an instance is not resolved (its call is judged by its name).
     """
     if isinstance(owner, types.ModuleType):
-        return vars(owner).get(name, MISSING)
+        found = vars(owner).get(name, MISSING)
+        if found is MISSING:  # a submodule loaded lazily (numpy.random)
+            found = sys.modules.get(f"{owner.__name__}.{name}", MISSING)
+        return found
     if isinstance(owner, type):
         try:
             found = inspect.getattr_static(owner, name)
@@ -170,6 +184,12 @@ def result_ref(callee: Any, call: Call) -> Ref:
     name = getattr(callee, "__name__", "")
     if name in PASS_THROUGH and call.args:
         return call.args[0]
+    if name == "array" and "copy" in call.keywords and call.args:
+        return call.args[0]  # np.array(a, copy=False): may be ``a`` itself
+    if name == "ndarray" and "buffer" in call.keywords:
+        return call.keywords["buffer"]  # a view of the buffer
+    if name == "getLogger" and getattr(callee, "__module__", "") == "logging":
+        return root_ref(Root("process", "a logger (`logging.getLogger`)"))
     if name in HOLDING_BUILTINS:
         return functools.reduce(Ref.__or__, call.args, call.spread).holding()
     if name == "globals" and getattr(callee, "__module__", "") == "builtins":

@@ -41,8 +41,13 @@ PROCESS_STATE: dict[str, frozenset[str]] = {
     "time": frozenset({"tzset"}),
     "gc": frozenset({"disable", "enable", "set_threshold", "freeze", "unfreeze"}),
     "faulthandler": frozenset({"enable", "disable", "register", "dump_traceback_later"}),
-    "warnings": frozenset({"simplefilter", "filterwarnings", "resetwarnings"}),
-    "logging": frozenset({"basicConfig", "disable"}),
+    "warnings": frozenset({"simplefilter", "filterwarnings", "resetwarnings", "catch_warnings"}),
+    "logging": frozenset({"basicConfig", "disable", "captureWarnings", "addLevelName"}),
+    "resource": frozenset({"setrlimit", "prlimit"}),
+    "csv": frozenset({"field_size_limit", "register_dialect", "unregister_dialect"}),
+    "_csv": frozenset({"field_size_limit", "register_dialect", "unregister_dialect"}),
+    "asyncio": frozenset({"set_event_loop", "set_event_loop_policy"}),
+    "asyncio.events": frozenset({"set_event_loop", "set_event_loop_policy"}),
     "contextlib": frozenset({"redirect_stdout", "redirect_stderr", "chdir"}),
     "socket": frozenset({"setdefaulttimeout"}),
     "_socket": frozenset({"setdefaulttimeout"}),
@@ -51,6 +56,7 @@ PROCESS_STATE: dict[str, frozenset[str]] = {
     "importlib": frozenset({"reload", "invalidate_caches"}),
     "numpy": frozenset({"seterr", "seterrcall", "set_printoptions", "setbufsize"}),
     "ctypes": frozenset({"memmove", "memset"}),
+    "threadpoolctl": frozenset({"threadpool_limits"}),
 }
 
 #: Modules every function of which acts on the whole process.
@@ -86,7 +92,19 @@ def table_effect(obj: Any, module: str, name: str) -> tuple[Kind, str] | None:
         return "unread", f"reaches raw memory (`{dotted}`)"
     if module == "builtins" and name in UNREADABLE_BUILTINS:
         return "unread", f"runs code it builds (`{dotted}`)"
+    if name in THREAD_STATE.get(module, ()):
+        return "shared", f"uses state of the thread it runs in (`{dotted}`)"
     return None
+
+
+#: Functions whose answer depends on which thread calls them (a worker
+#: process's calls all run in its main thread).
+THREAD_STATE: dict[str, frozenset[str]] = {
+    "asyncio": frozenset({"get_event_loop"}),
+    "_asyncio": frozenset({"get_event_loop"}),
+    "asyncio.events": frozenset({"get_event_loop"}),
+    "threading": frozenset({"main_thread", "current_thread"}),
+}
 
 
 #: Functions that write into an argument, by (module, name): the argument's position.
@@ -103,6 +121,10 @@ WRITES_ARGUMENT: dict[tuple[str, str], int] = {
     ("struct", "pack_into"): 1,
     ("_struct", "pack_into"): 1,
     ("posix", "readv"): 1,
+    # numpy's positional ``out`` (a keyword ``out=`` is read wherever it is)
+    **{("numpy", n): 3 for n in ("clip", "take", "cumsum", "cumprod", "sum", "mean", "prod")},
+    **{("numpy", n): 2 for n in ("dot", "round", "around", "argmax", "argmin", "max", "min")},
+    **{("numpy", n): 2 for n in ("amax", "amin", "any", "all")},
     ("posix", "preadv"): 1,
 }
 
@@ -134,12 +156,14 @@ PASS_THROUGH = frozenset(
     {"asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "require"}
     | {"atleast_1d", "atleast_2d", "atleast_3d", "reshape", "ravel", "transpose"}
     | {"squeeze", "moveaxis", "swapaxes", "expand_dims", "broadcast_to", "frombuffer"}
-    | {"memoryview", "as_strided"}
+    | {"memoryview", "as_strided", "ChainMap", "flip", "fliplr", "flipud", "real", "imag"}
+    | {"asarray_chkfinite", "diagonal", "matrix_transpose", "permute_dims"}
 )
 #: Builtins whose result holds (iterates over) their arguments' elements.
 HOLDING_BUILTINS = frozenset(
     {"iter", "reversed", "enumerate", "zip", "sorted", "list", "tuple", "set", "dict"}
-    | {"filter", "frozenset", "copy", "chain"}
+    | {"filter", "frozenset", "copy", "chain", "islice", "nditer", "ndenumerate"}
+    | {"split", "array_split", "hsplit", "vsplit", "dsplit", "unstack"}
 )
 #: What runs code the syntax tree does not show.
 UNREADABLE_BUILTINS = frozenset({"exec", "eval", "compile", "__import__", "breakpoint"})
@@ -194,6 +218,23 @@ def user_code(code: types.CodeType) -> bool:
     return not any(path.startswith(p) for p in INSTALLED)
 
 
+def user_module(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the user's own (a file outside the installed paths)."""
+    name = getattr(module, "__file__", None)
+    if not isinstance(name, str):
+        return module.__name__ == "__main__"  # an interactive session's
+    if module.__name__.split(".")[0] in sys.stdlib_module_names:
+        return False
+    path = os.path.realpath(name)
+    return not any(path.startswith(p) for p in INSTALLED)
+
+
+def stdlib_type(cls: type) -> bool:
+    """Whether ``cls`` comes from the standard library (read by name), not a package (trusted)."""
+    module = getattr(cls, "__module__", None) or "builtins"
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
 def place(code: types.CodeType, line: int) -> str:
     return f"{os.path.basename(code.co_filename)}:{line}"
 
@@ -234,3 +275,66 @@ def is_generator(obj: Any) -> bool:
 def is_ufunc(obj: Any) -> bool:
     kind = type(obj)
     return kind.__name__ == "ufunc" and kind.__module__ == "numpy"
+
+
+# --- methods that only read the object they are called on ---------------------
+
+#: Methods of these types beyond :data:`MUTATING_METHODS` that change the object.
+_ALSO_MUTATING = frozenset({"setfield", "byteswap", "dump", "tofile", "set", "put_nowait"})
+
+
+def _read_only_methods() -> dict[type, frozenset[str]]:
+    import collections
+    import datetime
+    import decimal
+    import fractions
+    import hashlib
+    import logging
+    import pathlib
+    import re
+    import threading
+
+    types_read = [str, bytes, bytearray, int, float, complex, tuple, list, dict, set, frozenset]
+    types_read += [range, memoryview, collections.deque, datetime.date, datetime.time]
+    types_read += [datetime.timedelta, pathlib.PurePath, pathlib.Path, decimal.Decimal]
+    types_read += [fractions.Fraction, re.Pattern, re.Match, type(hashlib.sha256())]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        types_read += [numpy.ndarray, numpy.generic]
+    found = {
+        cls: frozenset(n for n in dir(cls) if not n.startswith("_"))
+        - MUTATING_METHODS
+        - _ALSO_MUTATING
+        for cls in types_read
+    }
+    # Thread-safe by design, and what one call does there no other call sees.
+    found[logging.Logger] = frozenset(
+        {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
+        | {"isEnabledFor", "getEffectiveLevel", "getChild", "hasHandlers"}
+    )
+    for lock in (threading.Lock(), threading.RLock()):
+        found[type(lock)] = frozenset({"acquire", "release", "locked", "__enter__", "__exit__"})
+    return found
+
+
+#: The table, built at first use, again once numpy is loaded (its types join it).
+_READ_ONLY: dict[type, frozenset[str]] = {}
+
+
+def reads_only(name: str, cls: type | None = None) -> bool:
+    """Whether method ``name`` only reads its object, on ``cls`` (by its MRO) or, None, on any known type.
+
+    Types not in the table (a queue, a user's class) answer False: such a
+    method may change its object.
+    """
+    numpy = sys.modules.get("numpy")
+    if not _READ_ONLY or (numpy is not None and numpy.ndarray not in _READ_ONLY):
+        _READ_ONLY.clear()
+        _READ_ONLY.update(_read_only_methods())
+        _READ_ONLY[object] = frozenset().union(*_READ_ONLY.values())  # type: ignore[index]
+    if cls is None:
+        return name in _READ_ONLY[object]
+    for base in cls.__mro__:
+        if base is not object and base in _READ_ONLY:
+            return name in _READ_ONLY[base]
+    return False

@@ -1,0 +1,255 @@
+"""smartexec.effects: methods the lookups cannot resolve, functions passed as values, library state.
+
+The model (``effects/_reader.py``, ``FunctionReader.method_call``): a method
+whose object is not known is read as the user's own methods of that name,
+with the object as ``self``; failing those, it must be one that only reads
+on every type that has it (``sum``, ``split``, ``get``), or it may change
+its object. A standard-library object's method is judged by its type's
+table; an installed package's is trusted. Each shape here is right on worker
+processes and wrong on threads, or safe and must stay so. No process starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import csv
+import functools
+import hashlib
+import io
+import logging
+import resource
+import tempfile
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from smartexec.effects import effects_of
+
+
+def routes(fn) -> tuple[bool, bool]:
+    e = effects_of(fn)
+    return e.allows("thread"), e.allows("inline")
+
+
+# -- methods of objects the lookups do not resolve -------------------------------------
+
+
+class Accumulator:
+    def __init__(self) -> None:
+        self.total = np.zeros(8)
+
+    def run(self, i: int) -> float:
+        self.total[:] = i
+        time.sleep(0)
+        return float(self.total.sum())
+
+
+_POOL = [Accumulator()]
+_BY_KIND = {"acc": Accumulator()}
+
+
+def method_of_a_list_element(i):
+    return _POOL[0].run(i)
+
+
+def method_of_a_dict_value(i):
+    return _BY_KIND["acc"].run(i)
+
+
+class Scaled(Accumulator):
+    def run(self, i: int) -> float:
+        return super().run(i) * 2
+
+
+_SCALED = Scaled()
+
+
+def draws_from_its_argument(rng, n):
+    return float(rng.standard_normal(n).sum())
+
+
+_LOG = logging.getLogger("smartexec.tests.effects_methods")
+
+
+def adds_a_handler(i):
+    handler = logging.StreamHandler(io.StringIO())
+    _LOG.addHandler(handler)
+    try:
+        _LOG.info("item %d", i)
+    finally:
+        _LOG.removeHandler(handler)
+    return i
+
+
+def sets_a_library_level(i):
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    return hashlib.sha256(bytes(i)).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [method_of_a_list_element, method_of_a_dict_value, _SCALED.run, draws_from_its_argument],
+)
+def test_an_unresolved_method_is_read_by_its_name_or_is_a_write(fn):
+    assert not routes(fn)[0], effects_of(fn)
+
+
+def test_super_reaches_the_base_class_method():
+    found = effects_of(_SCALED.run)
+    assert any("Accumulator.run" in str(e) for e in found.found), found
+
+
+@pytest.mark.parametrize("fn", [adds_a_handler, sets_a_library_level])
+def test_a_loggers_configuration_is_process_state(fn):
+    assert routes(fn) == (False, False), effects_of(fn)
+
+
+# -- functions passed as values ---------------------------------------------------------
+
+_ROW = np.empty(16)
+
+
+def _row_energy(r):
+    np.multiply(r, r, out=_ROW)
+    return float(_ROW.sum())
+
+
+def maps_a_helper(i):
+    return sum(map(_row_energy, np.ones((4, 16)) * i))
+
+
+def reduces_in_place(parts):
+    total = functools.reduce(lambda acc, p: np.add(acc, p, out=acc), parts)
+    return float(total.sum())
+
+
+def sorts_by_a_pure_key(items):
+    return sorted(items, key=lambda x: -x)
+
+
+@pytest.mark.parametrize("fn", [maps_a_helper, reduces_in_place])
+def test_a_passed_function_is_read_with_the_other_arguments(fn):
+    assert not routes(fn)[0], effects_of(fn)
+
+
+# -- library state and views ------------------------------------------------------------
+
+
+def catches_warnings(i):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn(str(i), stacklevel=2)
+    return len(caught)
+
+
+def raises_a_limit(i):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return i
+
+
+def sets_the_csv_limit(i):
+    csv.field_size_limit(1_000_000)
+    return i
+
+
+def sets_tempdir(i):
+    tempfile.tempdir = "/tmp"
+    return i
+
+
+def uses_the_threads_event_loop(i):
+    return asyncio.get_event_loop() is not None
+
+
+def splits_and_centres(a):
+    for part in np.split(a, 2):
+        part -= part.mean()
+    return float(a.sum())
+
+
+def clips_into_itself(a):
+    np.clip(a, 0.0, 1.0, a)
+    return float(a.sum())
+
+
+def no_copy_array(a):
+    x = np.array(a, copy=False)
+    x /= 2
+    return float(x.sum())
+
+
+def overrides_in_a_chainmap(params):
+    cfg = collections.ChainMap(params, {"rounds": 5})
+    cfg["seen"] = True
+    return len(cfg)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [catches_warnings, raises_a_limit, sets_the_csv_limit, sets_tempdir],
+)
+def test_library_settings_are_process_state(fn):
+    assert routes(fn) == (False, False), effects_of(fn)
+
+
+def test_the_threads_own_state_keeps_it_off_threads_only():
+    assert routes(uses_the_threads_event_loop) == (False, True)
+
+
+@pytest.mark.parametrize(
+    "fn", [splits_and_centres, clips_into_itself, no_copy_array, overrides_in_a_chainmap]
+)
+def test_views_and_positional_outs_write_the_argument(fn):
+    assert routes(fn) == (False, False), effects_of(fn)
+
+
+# -- safe shapes stay on threads -------------------------------------------------------
+
+_TLS = threading.local()
+
+
+def per_thread_scratch(i):
+    buf = getattr(_TLS, "buf", None)
+    if buf is None:
+        buf = _TLS.buf = np.empty(16)
+    np.multiply(np.arange(16.0), i, out=buf)
+    return float(buf.sum())
+
+
+def logs_and_reads(i):
+    _LOG.info("item %d", i)
+    return i
+
+
+def reads_its_arguments(a, text, table):
+    return float(a.mean() + a.std()), text.split(",")[0].upper(), table.get("k")
+
+
+def seeded_local_generator(i):
+    rng = np.random.default_rng(i)
+    return float(rng.standard_normal(4).sum())
+
+
+def hashes_in_a_fresh_object(data):
+    h = hashlib.sha256()
+    h.update(data)
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        per_thread_scratch,
+        logs_and_reads,
+        reads_its_arguments,
+        seeded_local_generator,
+        hashes_in_a_fresh_object,
+        sorts_by_a_pure_key,
+    ],
+)
+def test_safe_shapes_stay_allowed_on_threads(fn):
+    assert routes(fn) == (True, True), effects_of(fn)
