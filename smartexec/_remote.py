@@ -172,6 +172,73 @@ def unpack_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call]:
     return [(args, _NO_KWARGS) for args in calls.items]
 
 
+#: Types whose objects no call can change: a chunk may hold one object of these many times.
+_IMMUTABLE = frozenset({int, float, complex, str, bytes, bool, type(None), frozenset, range})
+
+
+def _copy(obj: Any) -> Any:
+    """A copy of ``obj`` as a pickle round trip makes it (what a worker gets)."""
+    return cloudpickle.loads(dumps(obj))
+
+
+def separated(values: list[Any]) -> list[Any]:
+    """``values`` with each repeat of a mutable object replaced by a copy of its own.
+
+    A chunk travels as one pickle, which keeps one object given to several
+    calls one object: a call that changes its argument in place would
+    change the next call's. A ``ProcessPoolExecutor`` pickles each call on
+    its own (``chunksize=1``), so each gets a copy; so does each call here.
+    Only top-level repeats are found (an object nested in several
+    arguments stays shared, as it does within one call).
+    """
+    seen: set[int] = set()
+    out = values
+    for index, value in enumerate(values):
+        if type(value) in _IMMUTABLE:
+            continue
+        if id(value) in seen:
+            if out is values:
+                out = list(values)
+            out[index] = _copy(value)
+        else:
+            seen.add(id(value))
+    return out
+
+
+def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | PackedCalls:
+    """The calls, each with arguments of its own (see :func:`separated`); run in a worker."""
+    if isinstance(calls, PackedCalls) and calls.single:
+        items = separated(calls.items)
+        return calls if items is calls.items else PackedCalls(True, items)
+    if isinstance(calls, PackedCalls):
+        shapes = [(args, {}) for args in calls.items]
+    else:
+        shapes = list(calls)
+    flat = [v for args, kwargs in shapes for v in (*args, *kwargs.values())]
+    fresh = separated(flat)
+    if fresh is flat:
+        return calls
+    rebuilt: list[Call] = []
+    at = 0
+    for args, kwargs in shapes:
+        n, m = len(args), len(kwargs)
+        rebuilt.append((tuple(fresh[at : at + n]), dict(zip(kwargs, fresh[at + n : at + n + m]))))
+        at += n + m
+    if isinstance(calls, PackedCalls):
+        return PackedCalls(False, [args for args, _ in rebuilt])
+    return rebuilt
+
+
+def separate_outcomes(result: ChunkResult) -> ChunkResult:
+    """``result`` with each call's value its own object (one returned twice is copied); run in a worker."""
+    values = [value for _, value in result.outcomes]
+    fresh = separated(values)
+    if fresh is values:
+        return result
+    outcomes = [(ok, value) for (ok, _), value in zip(result.outcomes, fresh)]
+    return result._replace(outcomes=outcomes)
+
+
 class ChunkResult(NamedTuple):
     """What a worker returns for one chunk.
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import re
 import threading
 import types
@@ -47,7 +48,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
     ) from exc
 
 from ._identity import identity_key
-from ._remote import Call, ChunkResult
+from ._remote import Call, ChunkResult, separate_calls, separated
 from ._system import current_platform
 from .effects import process_local_reason
 from .executor import SmartExecutor
@@ -78,20 +79,27 @@ class _Batch:
     is ``fn``'s plus the nested backend (small), so ``fn``'s routing holds.
     """
 
-    __slots__ = ("fn", "nested", "nested_n_jobs", "__weakref__")
+    __slots__ = ("fn", "nested", "nested_n_jobs", "home", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any], nested: Any, nested_n_jobs: int | None):
         self.fn = fn
         self.nested = nested
         self.nested_n_jobs = nested_n_jobs
+        self.home = os.getpid()
 
     def __call__(self, calls: list[Call]) -> list[Any]:
         # A nested Parallel configures the backend object it finds: a copy per
         # batch, as joblib makes one per batch (batches on threads run at once).
         nested = copy.copy(self.nested)
+        away = os.getpid() != self.home
+        if away:
+            # In a worker process: each task gets arguments of its own, as a
+            # task pickled alone would (the batch travelled as one pickle).
+            calls = list(separate_calls(calls))
         # As joblib's BatchedCalls: in order, the first exception ends the batch.
         with parallel_config(backend=nested, n_jobs=self.nested_n_jobs):
-            return [self.fn(*args, **kwargs) for args, kwargs in calls]
+            results = [self.fn(*args, **kwargs) for args, kwargs in calls]
+        return separated(results) if away else results
 
     def __getstate__(self) -> tuple[Any, Any, int | None]:
         return self.fn, self.nested, self.nested_n_jobs
@@ -103,6 +111,7 @@ class _Batch:
 
     def __setstate__(self, state: tuple[Any, Any, int | None]) -> None:
         self.fn, self.nested, self.nested_n_jobs = state
+        self.home = -1  # unpickled: in another process
 
 
 def _same_objects(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:

@@ -94,6 +94,8 @@ from ._remote import (
     pack_calls,
     remote_exception,
     run_chunk,
+    separate_calls,
+    separate_outcomes,
     unpack_calls,
 )
 from ._system import WORKER_ENV
@@ -564,7 +566,9 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
         reply: tuple[str, Any] = ("error", remote_exception(exc))
     else:
         del data
-        result = run_chunk(fn, chunk, True, budget_s)
+        # Each call gets its own arguments and gives back its own result, as
+        # one pickled per call would (ProcessPoolExecutor, chunksize=1).
+        result = separate_outcomes(run_chunk(fn, separate_calls(chunk), True, budget_s))
         reply = ("ok", result)
         del fn, chunk
     _check_parent(owner)

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 
-from smartexec import _shm, transport
+from smartexec import SmartExecutor, _shm, transport
 from smartexec._remote import ChunkResult
 
 pytestmark = pytest.mark.timeout(60)  # one test forks a child
@@ -866,3 +866,43 @@ def test_a_worker_unlinks_the_results_its_dead_owner_never_read(named):
     assert _shm.release_orphans() == [orphan]
     assert not [n for n in os.listdir(_shm.SHM_DIR) if n == orphan]
     assert _shm.release_orphans() == []
+
+
+# -- each call owns its arguments and its result, as one pickled alone does ------------
+
+
+def _shift(base, by=1.0):
+    base += by
+    return base
+
+
+def test_a_repeated_argument_is_a_copy_per_call_in_the_worker():
+    from smartexec._remote import PackedCalls, separate_calls
+
+    template = np.zeros(4)
+    packed = PackedCalls(True, [template, template, 3, 3])
+    items = separate_calls(packed).items
+    assert items[0] is template and items[1] is not template
+    assert np.array_equal(items[1], template) and items[2:] == [3, 3]
+    calls = [((template,), {"by": template}), ((template,), {})]
+    fresh = separate_calls(calls)
+    seen = {id(fresh[0][0][0]), id(fresh[0][1]["by"]), id(fresh[1][0][0])}
+    assert len(seen) == 3
+
+
+def test_a_result_returned_twice_comes_back_as_two_objects():
+    from smartexec._remote import ChunkResult, separate_outcomes
+
+    shared = np.zeros(4)
+    result = separate_outcomes(ChunkResult([(True, shared), (True, shared), (True, 1)], 0.0))
+    first, second = (value for _, value in result.outcomes[:2])
+    assert first is shared and second is not shared and np.array_equal(second, shared)
+
+
+@pytest.mark.timeout(60)
+def test_a_map_over_one_template_gives_each_item_its_own_copy():
+    template = np.zeros(1000)
+    with SmartExecutor(max_workers=2, backend="fork") as ex:
+        got = [float(r.sum()) for r in ex.map(_shift, [template] * 40, chunksize=10)]
+    assert got == [1000.0] * 40
+    assert not template.any()

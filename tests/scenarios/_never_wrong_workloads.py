@@ -25,6 +25,7 @@ interpreters run; the repository root must be on ``sys.path``).
 from __future__ import annotations
 
 import collections
+import contextvars
 import hashlib
 import json
 import os
@@ -136,6 +137,46 @@ def inplace(row: np.ndarray) -> float:
     return float(row.sum())
 
 
+class _Accumulator:
+    """A worker object whose method keeps the item in ``self`` (reached by subscript: unresolved)."""
+
+    def __init__(self) -> None:
+        self.total = np.zeros(N_SCRATCH)
+
+    def run(self, i: int) -> float:
+        self.total[:] = i
+        time.sleep(PAUSE_S)
+        return float(self.total.sum())
+
+
+_POOL = [_Accumulator()]
+
+
+def method_by_name(i: int) -> float:
+    """Call a method of an object kept in a module-level list: its writes to ``self`` are shared."""
+    return _POOL[0].run(i)
+
+
+_TEMPLATE = np.zeros(N_SCRATCH)
+
+
+def shifts_its_argument(base: np.ndarray) -> float:
+    """Add 1 to the argument in place (every item is the same template array), wait, sum it."""
+    base += 1.0
+    time.sleep(PAUSE_S)
+    return float(base.sum())
+
+
+RUN_ID: contextvars.ContextVar[str] = contextvars.ContextVar("RUN_ID", default="unset")
+RUN_ID.set("run-32")  # set once by the program, as a worker process inherits it
+
+
+def run_label(i: int) -> str:
+    """Read a context variable the program set at start-up, wait, label the item with it."""
+    time.sleep(PAUSE_S)
+    return f"{RUN_ID.get()}/{i}"
+
+
 # -- controls: thread-safe, right anywhere ----------------------------------------------
 
 _CONST = np.linspace(0.0, 1.0, 1 << 18)
@@ -179,6 +220,11 @@ def _rows(root: str) -> np.ndarray:
 
 def _blobs(root: str) -> list[bytes]:
     return [bytes([i]) * (64 * 1024) for i in range(N_ITEMS)]
+
+
+def _templates(root: str) -> list[np.ndarray]:
+    """The same array for every item: one object in a chunk's pickle."""
+    return [_TEMPLATE] * N_ITEMS
 
 
 def _ref_scratch_dict(i: int) -> tuple[int, str]:
@@ -227,6 +273,9 @@ SHAPES: tuple[Shape, ...] = (
     ),
     Shape("global_counter", global_counter, _values, lambda i: i * 2),
     Shape("inplace", inplace, _rows, lambda row: inplace(row.copy()), passes=2),
+    Shape("method_by_name", method_by_name, _values, lambda i: float(i * N_SCRATCH)),
+    Shape("shifts_its_argument", shifts_its_argument, _templates, lambda t: float(N_SCRATCH)),
+    Shape("run_label", run_label, _values, lambda i: f"run-32/{i}"),
     Shape("const_read", const_read, _values, lambda i: float(np.multiply(_CONST, i).sum()), True),
     Shape("pure_hash", pure_hash, _blobs, lambda b: hashlib.sha256(b).hexdigest(), True),
 )
