@@ -253,3 +253,68 @@ def hashes_in_a_fresh_object(data):
 )
 def test_safe_shapes_stay_allowed_on_threads(fn):
     assert routes(fn) == (True, True), effects_of(fn)
+
+
+# -- straight-line rebinding: a new value from there on --------------------------------
+
+
+def centres_a_new_array(x):
+    x = x - x.mean()
+    x /= x.std()
+    return x
+
+
+def copies_then_writes(x):
+    x = x.copy()
+    x -= x.mean()
+    np.abs(x, out=x)
+    return float(x.sum())
+
+
+def writes_then_rebinds(x):
+    x[0] = 0.0
+    x = x.copy()
+    return x
+
+
+def rebinds_in_one_branch_only(x, fresh):
+    if fresh:
+        x = x.copy()
+    x -= 1.0
+    return x
+
+
+_CACHE: dict[int, float] = {}
+
+
+def cache_with_an_early_return(k):
+    if k in _CACHE:
+        return _CACHE[k]
+    value = float(np.sqrt(k))
+    _CACHE[k] = value
+    return value
+
+
+def views_a_shared_buffer(i):
+    view = memoryview(_BA_SHARED)
+    view[0] = i % 256
+    return _BA_SHARED[0]
+
+
+_BA_SHARED = bytearray(8)
+
+
+@pytest.mark.parametrize(
+    "fn", [centres_a_new_array, copies_then_writes, cache_with_an_early_return]
+)
+def test_a_name_rebound_in_straight_line_code_holds_the_new_value(fn):
+    assert routes(fn) == (True, True), effects_of(fn)
+
+
+@pytest.mark.parametrize("fn", [writes_then_rebinds, rebinds_in_one_branch_only])
+def test_what_it_held_before_or_in_another_branch_is_still_written(fn):
+    assert routes(fn) == (False, False), effects_of(fn)
+
+
+def test_a_view_made_by_a_class_call_is_its_buffer():
+    assert not routes(views_a_shared_buffer)[0]

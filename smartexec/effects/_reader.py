@@ -291,26 +291,51 @@ class FunctionReader:
     #: Passes over the body to let names settle (``a = b`` before ``b = arg``).
     PASSES = 3
 
+    #: Statements whose parts may run or not, or more than once: a name bound
+    #: inside one may still hold what it held before.
+    BRANCHING = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)
+
     def __init__(self, scope: Scope):
         self.scope = scope
         self.record = False
         #: targets the enclosing ``if`` tests found missing (a cache being filled)
         self.fills: list[set[str]] = []
+        #: how many branching statements enclose the one being read
+        self.depth = 0
+        #: what each name held at the start (its parameters)
+        self.initial = dict(scope.env)
+        #: names rebound outside any branch: from there on they hold only the new value
+        self.rebound: set[str] = set()
 
     def read(self) -> None:
         node = self.scope.node
         body: list[ast.AST] = list(node.body) if isinstance(node.body, list) else [node.body]
         for _ in range(self.PASSES):
+            self.restart()
             before = dict(self.scope.env)
-            for stmt in body:
-                self.visit(stmt)
+            self.block(body)
             if before == self.scope.env:
                 break
+        self.restart()
         self.record = True
-        for stmt in body:
-            self.visit(stmt)
+        self.block(body)
         if isinstance(node, ast.Lambda):
             self.scope.returns = self.ref(node.body)
+
+    def restart(self) -> None:
+        """Names rebound in straight-line code hold their first value again (a new pass)."""
+        for name in self.rebound:
+            self.scope.env[name] = self.initial.get(name, NOTHING)
+
+    def block(self, stmts: Iterable[ast.AST]) -> None:
+        """Read statements in order; after ``if k in _C: return _C[k]`` the rest fills ``_C[k]``."""
+        guards = 0
+        for stmt in stmts:
+            self.visit(stmt)
+            if isinstance(stmt, ast.If) and not stmt.orelse and _leaves(stmt.body):
+                self.fills.append(present(stmt.test))
+                guards += 1
+        del self.fills[len(self.fills) - guards :]
 
     def where(self, node: ast.AST) -> str:
         return place(self.scope.code, getattr(node, "lineno", self.scope.code.co_firstlineno))
@@ -318,6 +343,16 @@ class FunctionReader:
     # -- statements
 
     def visit(self, node: ast.AST) -> None:
+        if isinstance(node, self.BRANCHING):
+            self.depth += 1
+            try:
+                self.dispatch(node)
+            finally:
+                self.depth -= 1
+        else:
+            self.dispatch(node)
+
+    def dispatch(self, node: ast.AST) -> None:
         method = getattr(self, "visit_" + type(node).__name__, None)
         if method is not None:
             method(node)
@@ -356,8 +391,8 @@ class FunctionReader:
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self.store(node.target, self.ref(node.iter).element(), node)
-        for stmt in (*node.body, *node.orelse):
-            self.visit(stmt)
+        self.block(node.body)
+        self.block(node.orelse)
 
     visit_AsyncFor = visit_For
 
@@ -374,11 +409,9 @@ class FunctionReader:
     def visit_If(self, node: ast.If) -> None:
         self.ref(node.test)
         self.fills.append(missing(node.test))
-        for stmt in node.body:
-            self.visit(stmt)
+        self.block(node.body)
         self.fills.pop()
-        for stmt in node.orelse:
-            self.visit(stmt)
+        self.block(node.orelse)
 
     def filling(self, target: ast.expr) -> bool:
         """Whether a store to ``target`` fills a cache an enclosing ``if`` found empty.
@@ -433,6 +466,15 @@ class FunctionReader:
                     scope.reader.budget.add(
                         "shared", f"rebinds closure variable `{target.id}`", self.where(node)
                     )
+            elif (
+                self.depth == 0
+                and target.id in scope.locals
+                and not isinstance(node, ast.AugAssign)
+            ):
+                # Straight-line code: from here on the name holds the new value
+                # only (`x = x - x.mean()` then `x /= s` writes a new array).
+                scope.env[target.id] = ref
+                self.rebound.add(target.id)
             else:
                 scope.bind(target.id, ref)
         elif isinstance(target, (ast.Tuple, ast.List)):
@@ -485,13 +527,11 @@ class FunctionReader:
             refs = [self.ref(e) for e in expr.elts]
             return functools.reduce(Ref.__or__, refs, NOTHING).holding()
         if isinstance(expr, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            for gen in expr.generators:
-                self.store(gen.target, self.ref(gen.iter).element(), expr)
-                for cond in gen.ifs:
-                    self.ref(cond)
-            parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
-            refs = [self.ref(p) for p in parts]
-            return functools.reduce(Ref.__or__, refs, NOTHING).holding()
+            self.depth += 1  # its targets are its own; it runs any number of times
+            try:
+                return self.comprehension(expr)
+            finally:
+                self.depth -= 1
         if isinstance(expr, ast.Lambda):
             self.nested(expr)
             return NOTHING
@@ -501,6 +541,17 @@ class FunctionReader:
             elif isinstance(child, ast.AST):
                 self.visit(child)
         return NOTHING
+
+    def comprehension(
+        self, expr: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+    ) -> Ref:
+        for gen in expr.generators:
+            self.store(gen.target, self.ref(gen.iter).element(), expr)
+            for cond in gen.ifs:
+                self.ref(cond)
+        parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
+        refs = [self.ref(p) for p in parts]
+        return functools.reduce(Ref.__or__, refs, NOTHING).holding()
 
     def call(self, node: ast.Call) -> Ref:
         call = Call()
@@ -514,8 +565,11 @@ class FunctionReader:
                 call.spread = call.spread | self.ref(kw.value).element()
             else:
                 call.keywords[kw.arg] = self.ref(kw.value)
-        if "out" in call.keywords:
-            self.write(call.keywords["out"].element() | call.keywords["out"], " (out=)", node)
+        for kw in node.keywords:
+            if kw.arg == "out":  # out=a, or out=(a, b): each array is written
+                outs = kw.value.elts if isinstance(kw.value, ast.Tuple) else [kw.value]
+                for out in outs:
+                    self.write(self.ref(out), " (out=)", node)
         if self.record:
             self.passed_functions(node, call)
         callee = self.scope.value(node.func)
@@ -663,7 +717,7 @@ class FunctionReader:
             init = inspect.getattr_static(callee, "__init__", None)
             if isinstance(init, types.FunctionType):
                 reader.function(init, call, None, NOTHING)
-            return NOTHING
+            return result_ref(callee, call)  # memoryview(buf), ChainMap(d, ...)
         if isinstance(callee, functools.partial):
             bound = [object_ref(a, "an argument bound in the partial") for a in callee.args]
             inner = Call(bound + call.args, dict(call.keywords), call.spread)
@@ -711,6 +765,25 @@ def first_param_of(node: FunctionNode) -> str:
     """The name of ``node``'s first positional parameter (``self``), or ""."""
     positional = [*node.args.posonlyargs, *node.args.args]
     return positional[0].arg if positional else ""
+
+
+def _leaves(body: list[ast.stmt]) -> bool:
+    """Whether ``body`` always ends the function or loop (its last statement returns, raises, ...)."""
+    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
+
+
+def present(test: ast.expr) -> set[str]:
+    """The targets ``test`` finds present: ``k in X``, ``X is not None``, ``X`` (the mirror of :func:`missing`)."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
+        if isinstance(op, ast.In):
+            return {ast.unparse(ast.Subscript(right, left))}
+        if isinstance(op, ast.IsNot) and isinstance(right, ast.Constant) and right.value is None:
+            return {ast.unparse(left)}
+        return set()
+    if isinstance(test, (ast.Name, ast.Attribute, ast.Subscript)):
+        return {ast.unparse(test)}
+    return set()
 
 
 def missing(test: ast.expr) -> set[str]:
