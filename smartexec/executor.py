@@ -844,11 +844,13 @@ class SmartExecutor(Executor):
 
     # -- routing -----------------------------------------------------------------
 
-    def _route(self, fn: Callable[..., Any]) -> tuple[Decision, Estimate]:
+    def _route(self, fn: Callable[..., Any], record: bool = True) -> tuple[Decision, Estimate]:
         """The policy's decision for ``fn`` and its per-item estimate, cached weakly.
 
         Decided again when threads of the user's start or stop running (see
-        :func:`smartexec.policy.decide`'s ``other_threads``).
+        :func:`smartexec.policy.decide`'s ``other_threads``). With
+        ``record`` False (``explain()``, a dry run) the same decision is
+        made and neither cached nor logged in :meth:`decisions`.
         """
         key = identity_key(fn)
         cached = self._decisions.get(key)
@@ -875,9 +877,10 @@ class SmartExecutor(Executor):
             decision = decide(decision.profile, self._platform, self._options, measured, threads)
             decision = _from_earlier_run(decision, stored)
             decision = _with_thread_census(decision, found)
-            self._decisions[key] = (cached[0], decision, estimate)
-            self._decided_with_threads[key] = threads > 0
-            self._log.append(decision)
+            if record:
+                self._decisions[key] = (cached[0], decision, estimate)
+                self._decided_with_threads[key] = threads > 0
+                self._log.append(decision)
             return decision, estimate
         measured, stored = _earlier(fn)
         decision = decide(inspect_callable(fn), self._platform, self._options, measured, threads)
@@ -898,6 +901,8 @@ class SmartExecutor(Executor):
                 estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
+        if not record:
+            return decision, estimate
         decisions = self._decisions  # the weakref callback must not hold self
         with_threads = self._decided_with_threads
 
@@ -1083,7 +1088,7 @@ class SmartExecutor(Executor):
         Raises:
             TypeError: ``fn`` is not callable.
         """
-        decision, estimate = self._route(fn)
+        decision, estimate = self._route(fn, record=False)  # a dry run: decisions() unchanged
         decision = self._with_timeout(decision, self._task_timeout)
         # What its submits' figures decided, read only: explain() stores nothing.
         learned = self._learned_route(fn)

@@ -541,3 +541,14 @@ def test_a_map_nested_in_a_call_on_the_executor_s_threads_runs_in_that_thread():
         nested = [d for d in ex.decisions() if d.backend == "inline"]
     assert results == [6] * 20
     assert nested and "own threads" in nested[-1].reasons[-1]
+
+
+def test_explain_is_a_dry_run_that_logs_no_decision():
+    with SmartExecutor() as ex:
+        first = ex.explain(square)
+        assert list(ex.decisions()) == []
+        assert list(ex.map(square, range(4))) == [0, 1, 4, 9]
+        logged = ex.decisions()
+        assert [d.backend for d in logged][:1] == [first.backend]
+        ex.explain(square)
+        assert ex.decisions() == logged
