@@ -22,6 +22,7 @@ from typing import Any
 from .. import _initializer
 from .._blas import THREAD_CAP
 from .._context import InContext
+from .._deadlines import call_later
 from .._remote import Call, ChunkResult, run_chunk
 from .._threads import _USER_CODE, running_user_code, user_code_ends, user_code_starts
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
@@ -624,10 +625,7 @@ def _run_with_deadline(
         except InvalidStateError:
             pass  # finished just in time
 
-    timer = threading.Timer(min(timeout_s, threading.TIMEOUT_MAX), expire)
-    timer.name = "smartexec-deadline"
-    timer.daemon = True
-    timer.start()
+    timer = call_later(timeout_s, expire)  # one thread keeps every chunk's deadline
     try:
         result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy, clock)
     except BaseException as exc:
