@@ -29,6 +29,7 @@ from typing import Any
 
 from .gil import IDLE_TICK_S, GilKind, GilProfile, classify
 from .inspection import format_seconds
+from .tuning import predict_s
 
 __all__ = [
     "THREADS_MIN_WALL_S",
@@ -51,12 +52,6 @@ SWITCH_GAIN = 1.3
 
 #: ... and this many seconds faster over the rest of the map.
 SWITCH_MIN_S = 0.005
-
-#: Threads running GIL-holding items take longer than a loop by this factor
-#: (hand-overs, cache misses): 200,000 3.5 us items took 1.15 s on 6
-#: threads against 0.70 s in a loop (2-core machine, under load); 5,000
-#: items of 0-0.4 ms with a 20 MiB argument 1.22 s against 0.79 s.
-THREAD_GIL_PENALTY = 1.5
 
 #: Items on threads of this process: under this many cores of process CPU
 #: they wait; from THREADS_RELEASE_CORES on they compute without the GIL.
@@ -88,12 +83,6 @@ GIL_HELD_BY_OTHERS = 0.25
 #: ... counted once the items have run this many seconds (before, the
 #: threads' start and the first calls' imports dominate the figure).
 THREADS_MIN_WALL_S = 0.02
-
-#: Seconds per item the parent spends on a process route besides pickling:
-#: reading the input, building and tracking chunks, handing out results.
-#: 200,000 calls of ``x * x`` on fork: 1.3 s, 0.66 s of it in the workers,
-#: 0.2 s of pickling (2-core machine under load, 2026-12-01).
-PROCESS_ITEM_S = 2e-6
 
 #: Items measured at under CHEAP_ITEM_S seconds each that settle a map
 #: without a GIL kind (see :meth:`Evidence.ready`).
@@ -596,60 +585,6 @@ class Evidence:
             f"{watched if on_threads == '' else ''}"
             f"{on_threads}"
         )
-
-
-def predict_s(
-    route: str,
-    *,
-    kind: GilKind | None,
-    per_item_s: float,
-    send_s: float,
-    rest: int,
-    cpus: int,
-    workers: int,
-    startup_s: float = 0.0,
-    cores: float = 1.0,
-) -> float:
-    """Predicted seconds for ``rest`` items on ``route``; pure.
-
-    Args:
-        route: ``"thread"``, ``"inline"`` or a process backend (any other name).
-        kind: the callable's GIL kind, or None when unknown (taken as ``"holds"``
-            for threads: the safe guess for Python code).
-        per_item_s: seconds of work per item (measured in workers).
-        send_s: seconds per item the parent spends pickling arguments and
-            results (process routes only; :data:`PROCESS_ITEM_S` is added).
-        rest: items left (int >= 0).
-        cpus: usable CPUs.
-        workers: the route's workers.
-        startup_s: seconds to start the route's workers (0 when running).
-        cores: cores one item keeps busy by itself (BLAS threads).
-
-    Returns:
-        Seconds (float).
-
-    A process route's workers share the CPUs with this process, whose
-    sending (pickling, shared memory) takes as much CPU as they spend
-    unpickling: its time is at least the items' CPU plus both ends'
-    sending over the CPUs. Not counted so, 8 MiB arrays that sorted in
-    56 ms and took 11 ms each to send read fork and threads as a tie (on 2
-    cores), and threads ran 1.36x faster.
-    """
-    work = per_item_s * rest
-    if route == "inline":
-        return work
-    at_once = max(1, min(workers, round(cpus / max(1.0, cores))))
-    if route == "thread":
-        if kind == "waits":
-            return work / max(1, workers)
-        if kind == "releases":
-            return work / at_once
-        # Threads that hold the GIL take turns, and each hand-over costs:
-        # a plain loop in the calling thread is faster.
-        return work * THREAD_GIL_PENALTY
-    sending = (send_s + PROCESS_ITEM_S) * rest
-    cpu_s = (0.0 if kind == "waits" else work * max(1.0, cores)) + 2 * sending
-    return startup_s + max(work / at_once, sending, cpu_s / max(1, cpus))
 
 
 @dataclass(frozen=True)

@@ -2021,10 +2021,11 @@ class SmartExecutor(Executor):
                 )
             return inline_verdict(
                 per_item_s=estimate.per_item_s or 0.0,
-                pickle_parent_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
-                pickle_worker_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
+                send_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
                 remaining=left(),
-                n_workers=self._parallelism(backend, decision),
+                route="thread" if backend.shares_memory else backend.name,
+                workers=self._parallelism(backend, decision),
+                cpus=self._platform.cpu_count,
                 startup_s=(
                     0.0
                     if backend.name in self._started
@@ -2594,10 +2595,11 @@ class SmartExecutor(Executor):
         left = None if remaining is None else remaining - run.items
         return not inline_verdict(
             per_item_s=estimate.per_item_s or 0.0,
-            pickle_parent_s=0.0,
-            pickle_worker_s=0.0,
+            send_s=0.0,
             remaining=left,
-            n_workers=min(backend.max_workers, self._platform.cpu_count),
+            route="thread",
+            workers=min(backend.max_workers, self._platform.cpu_count),
+            cpus=self._platform.cpu_count,
             startup_s=0.0,
             overhead_s=backend.chunk_overhead_s,
         ).inline

@@ -268,39 +268,56 @@ class Verdict:
 def inline_verdict(
     *,
     per_item_s: float,
-    pickle_parent_s: float,
-    pickle_worker_s: float,
+    send_s: float,
     remaining: int | None,
-    n_workers: int,
+    route: str,
+    workers: int,
+    cpus: int,
     startup_s: float,
     overhead_s: float,
 ) -> Verdict:
-    """Predict whether parallel execution beats a loop for the rest of a map.
+    """Predict whether ``route`` beats a loop in the calling thread for the rest of a map.
 
-    Pure: it reads only its arguments (all times in seconds).
+    Both are priced by :func:`predict_s`, the one cost model. Pure: it reads
+    only its arguments (all times in seconds).
 
     Args:
         per_item_s: measured compute per item.
-        pickle_parent_s: per item, the parent's pickling of arguments plus
-            unpickling of results (the part the parent cannot parallelise).
-        pickle_worker_s: per item, the worker's share of pickling.
+        send_s: per item, the parent's pickling of arguments and results
+            (0 for threads).
         remaining: items left, or None when unknown (then only the per-item
             economics decide: an endless input amortises any start-up).
-        n_workers: workers available.
+        route: ``"thread"`` or a process backend's name. Threads are priced
+            as work that does not wait for the GIL (the routes that reach
+            here chose threads for that).
+        workers: the route's workers.
+        cpus: usable CPUs.
         startup_s: cost to start the workers (0 when running already).
         overhead_s: cost per chunk.
 
     Returns:
         A :class:`Verdict`.
     """
-    workers = max(1, n_workers)
-    size = chunksize(per_item_s, workers, overhead_s, remaining)
-    per_item_parallel = max(
-        pickle_parent_s, (per_item_s + pickle_worker_s) / workers
-    ) + overhead_s / (size * workers)
+    kind = "waits" if route == "thread" else None
+    items = 1_000_000 if remaining is None else remaining
+
+    def parallel_s(startup: float) -> float:
+        return predict_s(
+            route,
+            kind=kind,
+            per_item_s=per_item_s,
+            send_s=send_s,
+            rest=items,
+            cpus=cpus,
+            workers=workers,
+            startup_s=startup,
+            overhead_s=overhead_s,
+        )
+
+    per_item_parallel = parallel_s(0.0) / max(1, items)
     figures = (
         f"measured {per_item_s * 1e6:.1f} us per item; in parallel about "
-        f"{per_item_parallel * 1e6:.1f} us per item on {workers} workers"
+        f"{per_item_parallel * 1e6:.1f} us per item on {max(1, workers)} workers"
     )
     if remaining is None:
         inline = per_item_parallel >= per_item_s * INLINE_MARGIN
@@ -311,8 +328,10 @@ def inline_verdict(
             f"{figures} (input length unknown) -> "
             + ("a loop is faster per item" if inline else "parallel is faster per item"),
         )
-    serial = per_item_s * remaining
-    parallel = startup_s + per_item_parallel * remaining
+    serial = predict_s(
+        "inline", kind=kind, per_item_s=per_item_s, send_s=0.0, rest=items, cpus=cpus, workers=1
+    )
+    parallel = parallel_s(startup_s)
     inline = parallel >= serial * INLINE_MARGIN
     return Verdict(
         inline,
@@ -322,3 +341,77 @@ def inline_verdict(
         f"parallel {parallel:.3f} s including {startup_s:.3f} s start-up -> "
         + ("run them inline" if inline else "run them in parallel"),
     )
+
+
+#: Threads running GIL-holding items take longer than a loop by this factor
+#: (hand-overs, cache misses): 200,000 3.5 us items took 1.15 s on 6
+#: threads against 0.70 s in a loop (2-core machine, under load); 5,000
+#: items of 0-0.4 ms with a 20 MiB argument 1.22 s against 0.79 s.
+THREAD_GIL_PENALTY = 1.5
+
+#: Seconds per item the parent spends on a process route besides pickling:
+#: reading the input, building and tracking chunks, handing out results.
+#: 200,000 calls of ``x * x`` on fork: 1.3 s, 0.66 s of it in the workers,
+#: 0.2 s of pickling (2-core machine under load, 2026-12-01).
+PROCESS_ITEM_S = 2e-6
+
+
+def predict_s(
+    route: str,
+    *,
+    kind: str | None,
+    per_item_s: float,
+    send_s: float,
+    rest: int,
+    cpus: int,
+    workers: int,
+    startup_s: float = 0.0,
+    cores: float = 1.0,
+    overhead_s: float = 0.0,
+) -> float:
+    """Predicted seconds for ``rest`` items on ``route``; pure.
+
+    Args:
+        route: ``"thread"``, ``"inline"`` or a process backend (any other name).
+        kind: the callable's GIL kind, or None when unknown (taken as ``"holds"``
+            for threads: the safe guess for Python code).
+        per_item_s: seconds of work per item (measured in workers).
+        send_s: seconds per item the parent spends pickling arguments and
+            results (process routes only; :data:`PROCESS_ITEM_S` is added).
+        rest: items left (int >= 0).
+        cpus: usable CPUs.
+        workers: the route's workers.
+        startup_s: seconds to start the route's workers (0 when running).
+        cores: cores one item keeps busy by itself (BLAS threads).
+        overhead_s: the route's cost per chunk (seconds), its chunks sized
+            by :func:`chunksize` from the same figures; 0 leaves it out.
+
+    Returns:
+        Seconds (float).
+
+    A process route's workers share the CPUs with this process, whose
+    sending (pickling, shared memory) takes as much CPU as they spend
+    unpickling: its time is at least the items' CPU plus both ends'
+    sending over the CPUs. Not counted so, 8 MiB arrays that sorted in
+    56 ms and took 11 ms each to send read fork and threads as a tie (on 2
+    cores), and threads ran 1.36x faster.
+    """
+    work = per_item_s * rest
+    if route == "inline":
+        return work
+    chunks_s = 0.0
+    if overhead_s > 0 and rest > 0:
+        size = chunksize(per_item_s, workers, overhead_s, rest, in_process=route == "thread")
+        chunks_s = math.ceil(rest / size) * overhead_s / max(1, workers)
+    at_once = max(1, min(workers, round(cpus / max(1.0, cores))))
+    if route == "thread":
+        if kind == "waits":
+            return work / max(1, workers) + chunks_s
+        if kind == "releases":
+            return work / at_once + chunks_s
+        # Threads that hold the GIL take turns, and each hand-over costs:
+        # a plain loop in the calling thread is faster.
+        return work * THREAD_GIL_PENALTY + chunks_s
+    sending = (send_s + PROCESS_ITEM_S) * rest
+    cpu_s = (0.0 if kind == "waits" else work * max(1.0, cores)) + 2 * sending
+    return startup_s + max(work / at_once, sending, cpu_s / max(1, cpus)) + chunks_s

@@ -9,10 +9,10 @@ from smartexec._rerouting import (
     MAX_SAMPLES,
     SWITCH_GAIN,
     Evidence,
-    predict_s,
     reroute,
 )
 from smartexec.gil import GilProfile
+from smartexec.tuning import predict_s
 
 HOLDS = GilProfile("holds", 2, 0.02, 0.99, 0.9, 40)
 RELEASES = GilProfile("releases", 2, 0.02, 0.99, 0.02, 40)
@@ -605,3 +605,19 @@ def test_on_threads_a_stay_is_looked_at_again_until_the_pools_clocks_were_read()
     for _ in range(MAX_SAMPLES):
         in_a_process.add(1, 0.003, 0.003, None)
     assert not in_a_process.recheck_stay()
+
+
+def test_the_inline_verdict_is_the_one_cost_models_answer():
+    """allow_inline's verdict prices a loop and the route with predict_s, nothing else."""
+    from smartexec.tuning import inline_verdict
+
+    figures = dict(per_item_s=20e-6, send_s=5e-6, cpus=2, workers=2, overhead_s=150e-6)
+    verdict = inline_verdict(remaining=10_000, route="fork", startup_s=0.008, **figures)
+    assert verdict.serial_s == pytest.approx(predict_s("inline", kind=None, rest=10_000, **figures))
+    assert verdict.parallel_s == pytest.approx(
+        predict_s("fork", kind=None, rest=10_000, startup_s=0.008, **figures)
+    )
+    # Sending costs more per item than the work: a loop wins.
+    assert verdict.inline
+    dear = dict(figures, per_item_s=2e-3)
+    assert not inline_verdict(remaining=10_000, route="fork", startup_s=0.008, **dear).inline
