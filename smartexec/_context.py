@@ -42,7 +42,9 @@ class InContext:
     __slots__ = ("fn", "context", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any], context: contextvars.Context | None = None):
-        self.fn = fn.fn if type(fn) is InContext else fn
+        if isinstance(fn, InContext):
+            fn = fn.fn
+        self.fn: Callable[..., Any] = fn
         self.context = contextvars.copy_context() if context is None else context
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:

@@ -210,6 +210,7 @@ def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | Pack
     if isinstance(calls, PackedCalls) and calls.single:
         items = separated(calls.items)
         return calls if items is calls.items else PackedCalls(True, items)
+    shapes: list[Call]
     if isinstance(calls, PackedCalls):
         shapes = [(args, {}) for args in calls.items]
     else:

@@ -29,30 +29,24 @@ from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
 from ._call_future import CallFuture as _CallFuture
-from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
 from ._context import InContext
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
+from ._map_run import MapRun
+from ._map_run import check_task_timeout as _check_task_timeout
+from ._map_run import require_int as _require_int
 from ._mapping import (
     PICKLE_SAMPLE,
-    TINY_ITEM_S,
     ChunkStream,
     InlineRun,
     InlineStream,
     Relay,
-    SendableChain,
     as_generator,
     common_length,
-    count_at_end,
-    dear_to_send,
     default_buffersize,
-    drain,
-    inline_batches,
     lazy_inline,
     measure_pickling,
-    snapshot_inputs,
     stream_values,
-    then_raise,
 )
 from ._reasons import (
     INITIALIZER_BY_VALUE,
@@ -81,17 +75,12 @@ from .errors import (
     InitializerError,
 )
 from .gil import (
-    GIL_DECIDED_S,
     GIL_MIN_ITEM_S,
-    GIL_PROBE_MAX_ITEMS,
-    GIL_PROBE_S,
     IDLE_TICK_S,
     MANY_CORES,
     GilProfile,
     recall,
-    recheck_due,
     remember,
-    watch,
 )
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
@@ -106,7 +95,7 @@ from .policy import (
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
 from .stats import CallLog, ExecutorStats, StatsRecorder
-from .tuning import PROBE_MAX_ITEMS, PROBE_S, Estimate, Verdict, inline_verdict
+from .tuning import Estimate, inline_verdict
 from .tuning import chunksize as tuned_chunksize
 
 __all__ = ["SmartExecutor"]
@@ -182,28 +171,6 @@ def _from_earlier_run(decision: Decision, stored: _profiles.StoredProfile | None
         return decision
     reason = _profiles.earlier_run_reason(stored)
     return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
-
-
-def _require_int(name: str, value: Any, what: str) -> None:
-    """Raise TypeError unless ``value`` is an int (a bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__qualname__})")
-
-
-def _check_task_timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"task_timeout must be a number of seconds or None, got {value!r} "
-            f"({type(value).__qualname__})"
-        )
-    if not 0 < value < float("inf"):
-        raise ValueError(
-            f"task_timeout must be a finite number of seconds > 0, got {value!r}; "
-            f"None means no limit"
-        )
-    return float(value)
 
 
 def _takes_timeouts(backend: Any) -> bool:
@@ -299,18 +266,6 @@ def _chunk_timeout(
         return task_timeout
     other = task_timeout if per_item_s is None else 2 * per_item_s
     return task_timeout + (n_items - 1) * other
-
-
-def _recording(items: Iterator[Any], into: list[Any], limit: int, star: bool) -> Iterator[Any]:
-    """Yield ``items``; keep the first ``limit`` of them in ``into`` (as argument tuples)."""
-    for item in items:
-        if len(into) < limit:
-            into.append(item if star else (item,))
-        else:
-            yield item
-            yield from items
-            return
-        yield item
 
 
 def _release_backends(backends: dict[str, Backend], streams: weakref.WeakSet[ChunkStream]) -> None:
@@ -1789,330 +1744,13 @@ class SmartExecutor(Executor):
         task_timeout: float | None,
         ordered: bool = True,
     ) -> Iterator[T]:
-        """:meth:`map`'s work: the iterator of results (not always a generator)."""
-        if chunksize is not None:
-            _require_int("chunksize", chunksize, "an int or None")
-        if buffersize is not None:
-            # Python 3.14's words, so code that matches them keeps working; a
-            # bool is refused (3.14 takes True as 1), as for chunksize.
-            _require_int("buffersize", buffersize, "an integer or None")
-        if chunksize is not None and chunksize < 1:
-            raise ValueError("chunksize must be >= 1.")
-        if buffersize is not None and buffersize < 1:
-            raise ValueError(f"buffersize must be None or > 0, got {buffersize}")
-        task_timeout = _check_task_timeout(task_timeout)
-        if task_timeout is None:
-            task_timeout = self._task_timeout
-        end_time = None if timeout is None else timeout + time.monotonic()
-        if buffersize is None:
-            iterables = snapshot_inputs(iterables)  # as the stdlib reads them: at the call
-        remaining = common_length(iterables)
-        inputs = zip(*iterables)
-        with self._lock:
-            _check_open(self)
-            decision, estimate = self._route(fn)
-            decision = self._with_timeout(decision, task_timeout)
-            backend = self._backend(decision.backend)
-            nested = self._nested_on_threads(backend, decision)
-            if nested is not None:
-                backend = self._backend("inline")
-        if backend.synchronous:
-            initialize = getattr(backend, "initialize", None)
-            if initialize is not None and nested is None:
-                initialize()  # backend="inline" runs the initializer in this thread
-            return lazy_inline(InContext(fn), inputs, self._stats.inline)
-        # Routing is the executor's to tune only where the user fixed none of
-        # it: no chunksize, backend, deadline, initializer, nor a callable
-        # shared by copy-on-write (its writes must stay in the workers).
-        tunable = (
-            chunksize is None
-            and self._options.backend is None
-            and task_timeout is None
-            and not self._options.stoppable
-            and not decision.share
-            and self._initializer is None
-        )
-        # Its last map moved to a loop here (measured too cheap to send, and
-        # threads gained nothing): start there, in C-level batches re-checked
-        # as they go, with no thread started nor items sent to find it again.
-        # Items of a callable whose effects would reach this thread's state
-        # (process state, its arguments) never run here (policy.permits).
-        here_ok = permits(decision.profile, "inline", self._options)
-        loop_here = (
-            tunable
-            and here_ok
-            and estimate.loop_here
-            and backend.shares_memory
-            and timeout is None
-            and self._options.prefer is None
-        )
-        # Code that only does arithmetic, on small numbers (x * x over ints):
-        # each item costs well under a microsecond, and nothing in it can
-        # crash or act on this process (every item is checked to be a plain
-        # number), so it need not be measured in a worker first. It starts
-        # in a loop here, its first items timed; the rest goes to the
-        # workers if they turn out slow (big numbers).
-        # Measured on fork, 200,000 such items took 3.5x the loop the first
-        # time (a fork pool started to find it out), and their next runs,
-        # started from that profile, another route.
-        cheap_here = (
-            tunable
-            and not loop_here
-            and not backend.shares_memory
-            and timeout is None
-            and self._options.prefer is None
-            and (estimate.per_item_s is None or estimate.loop_here)
-            and buffersize is None
-            and arithmetic_only(fn)
-            and small_numbers(iterables)
-        )
-        stored_loop = loop_here
-        loop_here = loop_here or cheap_here
-        if tunable and not loop_here and not (self._allow_inline and here_ok):
-            dear = (
-                not backend.shares_memory
-                and estimate.per_item_s is None
-                and buffersize is None
-                and end_time is None  # it pickles an item here: no deadline could hold
-                and dear_to_send(iterables)
-            )
-            return self._routed_map(
-                fn,
-                decision,
-                estimate,
-                backend,
-                inputs,
-                remaining,
-                buffersize,
-                end_time,
-                ordered,
-                dear=dear,
-            )
+        """:meth:`map`'s work: the iterator of results (not always a generator); see :class:`MapRun`."""
+        run = MapRun(self, fn, iterables, timeout, chunksize, buffersize, task_timeout, ordered)
+        return run.start()
 
-        # Callables shared by copy-on-write never run here: their writes to
-        # their own state must stay in the workers, for every item alike.
-        # Threads start in microseconds and cost ~20 us a chunk, so measuring
-        # in this thread first buys little there, and would block map() on
-        # producer/consumer code (items that wait for the caller).
-        # A route that rests on whether the callable holds the GIL is measured
-        # on its first map, and again every GIL_RECHECK_MAPS maps. An item
-        # that keeps the cores busy by itself (its own BLAS threads) is
-        # measured on threads too: a loop is then as fast, with no
-        # oversubscription.
-        # Without allow_inline, no item of a process-routed callable runs here:
-        # a crash must fail its item, not kill this process.
-        inline_ok = (self._allow_inline or backend.shares_memory) and here_ok
-        gil_check = (
-            inline_ok
-            and permits(decision.profile, "thread", self._options)
-            and (decision.measure or (decision.gil is not None and recheck_due(fn)))
-        )
-        parallel_already = (
-            here_ok
-            and backend.shares_memory
-            and decision.gil is not None
-            and decision.gil.cores >= MANY_CORES
-            and self._parallelism(backend, decision) <= 1
-        )
-        auto = (
-            tunable
-            and timeout is None
-            and (gil_check or not backend.shares_memory or parallel_already or loop_here)
-        )
-
-        def open_stream(rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
-            return self._open_stream(
-                fn,
-                decision,
-                estimate,
-                backend,
-                rest,
-                left,
-                chunksize,
-                buffersize,
-                end_time,
-                task_timeout,
-            )
-
-        if not auto:
-            stream = open_stream(inputs, remaining)
-            why = (
-                "chunksize given"
-                if chunksize is not None
-                else "backend given"
-                if self._options.backend is not None
-                else "timeout given"
-                if timeout is not None
-                else "task_timeout given"
-                if task_timeout is not None
-                else "initializer given: every item runs in a worker that ran it"
-                if self._initializer is not None
-                else "shared by copy-on-write"
-                if decision.share and backend.copy_on_write
-                else "sent once per worker"
-                if decision.share
-                else "threads: nothing to measure first"
-            )
-            self._note(
-                decision,
-                estimate,
-                decision.backend,
-                (f"{why}: no items ran in this thread",),
-                stream,
-            )
-            return stream_values([], stream, ordered)
-
-        pickled = not backend.shares_memory
-        star = len(iterables) != 1
-        items: Iterator[Any] = inputs if star else iter(iterables[0])
-        head: list[Any] = []
-        if pickled and not star and isinstance(iterables[0], (list, tuple, range)):
-            head = [(x,) for x in iterables[0][:PICKLE_SAMPLE]]  # a sample, not consumed
-        elif pickled:
-            # Kept as the probe reads them: reading ahead would block map() on
-            # a slow producer.
-            items = _recording(items, head, PICKLE_SAMPLE, star)
-        run = InlineRun(InContext(fn), items, estimate, star, self._stats.inline)
-        prefix: list[Any] = []
-        measured_now = estimate.per_item_s is None
-        if measured_now or gil_check:
-            prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
-        if gil_check and self._worth_watching(run, estimate, backend, remaining):
-            # Run the next items on two threads while sampling the GIL.
-            watched = watch(run.fn, run.inputs, star, max_items=GIL_PROBE_MAX_ITEMS)
-            prefix += watched.results
-            self._stats.inline(len(watched.results), watched.profile.wall_s)
-            run.items += len(watched.results)
-            run.elapsed_s += watched.profile.wall_s
-            run.error, run.exhausted = watched.error, watched.exhausted
-            # Too short a watch (the input ran out) is no evidence to keep;
-            # one that stopped early stopped on decisive figures.
-            wall_s = watched.profile.wall_s
-            if run.error is None and (
-                wall_s >= GIL_PROBE_S / 2 or (not watched.exhausted and wall_s >= GIL_DECIDED_S)
-            ):
-                decision = self._measured(fn, decision, watched.profile)
-                with self._lock:
-                    _check_open(self)
-                    backend = self._backend(decision.backend)
-        if measured_now and pickled and not backend.shares_memory and prefix and run.error is None:
-            measure_pickling(estimate, head[: len(prefix)], prefix[:PICKLE_SAMPLE])
-        del head
-
-        def rest() -> Iterator[tuple[Any, ...]]:
-            return run.inputs if star else zip(run.inputs)
-
-        def left() -> int | None:
-            # None once past the end its __len__ gave: the length was wrong.
-            return None if remaining is None or run.items > remaining else remaining - run.items
-
-        def verdict() -> Verdict:
-            per_item_s = estimate.per_item_s or 0.0
-            if loop_here and per_item_s < CHEAP_ITEM_S:
-                # Its last map measured threads and processes against a loop:
-                # items this cheap gain nothing there (reroute's finding).
-                rest_s = per_item_s * (left() or 0)
-                return Verdict(
-                    True,
-                    rest_s,
-                    rest_s,
-                    f"{per_item_s * 1e6:.2f} us per item, under the "
-                    f"{CHEAP_ITEM_S * 1e6:.0f} us that workers or threads could gain on",
-                )
-            return inline_verdict(
-                per_item_s=estimate.per_item_s or 0.0,
-                send_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
-                remaining=left(),
-                route="thread" if backend.shares_memory else backend.name,
-                workers=self._parallelism(backend, decision),
-                cpus=self._platform.cpu_count,
-                startup_s=(
-                    0.0
-                    if backend.name in self._started
-                    else backend.worker_startup_s * backend.max_workers
-                ),
-                overhead_s=backend.chunk_overhead_s
-                + (0.0 if backend.shares_memory else estimate.send_per_chunk_s),
-            )
-
-        if run.error is not None:
-            return then_raise(prefix, run.error)
-        if run.exhausted:
-            self._note(
-                decision,
-                estimate,
-                "inline",
-                (
-                    f"the whole input ({run.items} items) ran in this thread while measuring "
-                    f"it: {run.elapsed_s * 1000:.1f} ms, "
-                    f"{run.elapsed_s / max(run.items, 1) * 1e6:.2f} us per item",
-                ),
-            )
-            return drain(prefix)
-        first = verdict()
-        started_here = (
-            (
-                "its last map moved to a loop here (too cheap to send, nothing gained on "
-                "threads): this one starts in a loop, re-checked between batches",
-            )
-            if stored_loop
-            else (f"{ARITHMETIC_ONLY}: it starts in a loop here, its first items timed",)
-            if cheap_here
-            else ()
-        )
-        if not first.inline:
-            estimate.loop_here = False
-            stream = open_stream(rest(), left())
-            self._note(decision, estimate, decision.backend, (first.reason,), stream)
-            return stream_values(prefix, stream, ordered)
-        self._note(decision, estimate, "inline", (*started_here, first.reason))
-        if cheap_here:
-            estimate.loop_here = True  # its next maps here start in the loop too
-
-        def switch(reason: str) -> ChunkStream:
-            if cheap_here:
-                estimate.loop_here = False
-            if stored_loop:
-                # Fresh evidence over the stored: its next maps, and a later
-                # run's, measure in the workers again.
-                estimate.loop_here = False
-                _profiles.save(
-                    fn,
-                    _profiles.StoredProfile(
-                        decision.backend,
-                        estimate.per_item_s or 0.0,
-                        decision.gil,
-                        estimate.pickle_parent_s,
-                        estimate.items,
-                        time.time(),
-                    ),
-                )
-            stream = open_stream(rest(), left())
-            self._note(
-                decision,
-                estimate,
-                decision.backend,
-                (f"after {run.items} items inline: {reason}",),
-                stream,
-            )
-            return stream
-
-        if measured_now and remaining is not None and (estimate.per_item_s or 0.0) < TINY_ITEM_S:
-            # Sub-microsecond items of a sized input, just measured: the rest
-            # runs as one C-level map, with no re-checks. Should the items turn
-            # slow, the map costs what a plain loop costs (never more); the
-            # batches below would cost 15-25 ns per item more on every tiny map.
-            # (An estimate from an older map is re-checked: it may be stale.)
-            rest_items = run.inputs
-            n_rest = remaining - run.items
-            return SendableChain(
-                drain(prefix),
-                (itertools.starmap if star else map)(fn, rest_items),
-                count_at_end(n_rest, time.perf_counter(), self._stats.inline),
-            )
-        return SendableChain.from_iterable(
-            inline_batches(prefix, run, left, verdict, switch, ordered)
-        )
+    def _ensure_open(self) -> None:
+        """Raise as a shut-down or broken stdlib pool's ``submit`` does."""
+        _check_open(self)
 
     def _routed_map(
         self,

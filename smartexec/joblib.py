@@ -48,7 +48,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
     ) from exc
 
 from ._identity import identity_key
-from ._remote import Call, ChunkResult, separate_calls, separated
+from ._remote import Call, ChunkResult, separate_calls, separated, unpack_calls
 from ._system import current_platform
 from .effects import process_local_reason
 from .executor import SmartExecutor
@@ -95,7 +95,7 @@ class _Batch:
         if away:
             # In a worker process: each task gets arguments of its own, as a
             # task pickled alone would (the batch travelled as one pickle).
-            calls = list(separate_calls(calls))
+            calls = list(unpack_calls(separate_calls(calls)))
         # As joblib's BatchedCalls: in order, the first exception ends the batch.
         with parallel_config(backend=nested, n_jobs=self.nested_n_jobs):
             results = [self.fn(*args, **kwargs) for args, kwargs in calls]

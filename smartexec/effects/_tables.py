@@ -331,7 +331,7 @@ def reads_only(name: str, cls: type | None = None) -> bool:
     if not _READ_ONLY or (numpy is not None and numpy.ndarray not in _READ_ONLY):
         _READ_ONLY.clear()
         _READ_ONLY.update(_read_only_methods())
-        _READ_ONLY[object] = frozenset().union(*_READ_ONLY.values())  # type: ignore[index]
+        _READ_ONLY[object] = frozenset().union(*_READ_ONLY.values())
     if cls is None:
         return name in _READ_ONLY[object]
     for base in cls.__mro__:
