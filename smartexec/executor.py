@@ -805,7 +805,8 @@ class SmartExecutor(Executor):
         Decided again when threads of the user's start or stop running (see
         :func:`smartexec.policy.decide`'s ``other_threads``). With
         ``record`` False (``explain()``, a dry run) the same decision is
-        made and neither cached nor logged in :meth:`decisions`.
+        made and cached (map would make it alike) but not logged in
+        :meth:`decisions`.
         """
         key = identity_key(fn)
         cached = self._decisions.get(key)
@@ -832,9 +833,9 @@ class SmartExecutor(Executor):
             decision = decide(decision.profile, self._platform, self._options, measured, threads)
             decision = _from_earlier_run(decision, stored)
             decision = _with_thread_census(decision, found)
+            self._decisions[key] = (cached[0], decision, estimate)
+            self._decided_with_threads[key] = threads > 0
             if record:
-                self._decisions[key] = (cached[0], decision, estimate)
-                self._decided_with_threads[key] = threads > 0
                 self._log.append(decision)
             return decision, estimate
         measured, stored = _earlier(fn)
@@ -856,8 +857,6 @@ class SmartExecutor(Executor):
                 estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
-        if not record:
-            return decision, estimate
         decisions = self._decisions  # the weakref callback must not hold self
         with_threads = self._decided_with_threads
 
@@ -869,7 +868,8 @@ class SmartExecutor(Executor):
         if handle.weak:
             decisions[key] = (handle, decision, estimate)
             with_threads[key] = threads > 0
-        self._log.append(decision)
+        if record:
+            self._log.append(decision)
         return decision, estimate
 
     def _keep_stoppable(self) -> None:
