@@ -36,17 +36,12 @@ from ._map_run import MapRun
 from ._map_run import check_task_timeout as _check_task_timeout
 from ._map_run import require_int as _require_int
 from ._mapping import (
-    PICKLE_SAMPLE,
     ChunkStream,
     InlineRun,
-    InlineStream,
-    Relay,
     as_generator,
     common_length,
     default_buffersize,
     lazy_inline,
-    measure_pickling,
-    stream_values,
 )
 from ._reasons import (
     INITIALIZER_BY_VALUE,
@@ -59,7 +54,7 @@ from ._reasons import (
     rule_of,
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult
-from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, reroute
+from ._routed_map import RoutedMap, starts_in_loop
 from ._submit_learning import (
     MIN_CALLS,
     RECHECK_CALLS,
@@ -76,7 +71,6 @@ from .errors import (
 )
 from .gil import (
     GIL_MIN_ITEM_S,
-    IDLE_TICK_S,
     MANY_CORES,
     GilProfile,
     recall,
@@ -96,7 +90,6 @@ from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
 from .stats import CallLog, ExecutorStats, StatsRecorder
 from .tuning import Estimate, inline_verdict
-from .tuning import chunksize as tuned_chunksize
 
 __all__ = ["SmartExecutor"]
 
@@ -105,16 +98,6 @@ T = TypeVar("T")
 #: Most decisions kept for :meth:`SmartExecutor.decisions`.
 DECISION_LOG_SIZE = 1000
 
-#: A map measured on threads reads its pool threads' CPU and scheduler
-#: clocks at its first result, then at most once per this many seconds
-#: (each reading waits for the GIL once per pool thread); its figures need
-#: :data:`~smartexec._rerouting.THREADS_MIN_WALL_S` between two readings.
-THREADS_READ_EVERY_S = 0.004
-
-#: While a map on threads measures, one chunk in this many (after each
-#: worker's first) reads its thread's CPU clock: two reads an item took 64
-#: numpy items from 0.064 to 0.073 s under a competing process.
-CLOCK_EVERY = 3
 
 _interpreter_exiting = False
 
@@ -206,12 +189,6 @@ def _factory(name: str) -> type[Backend]:
     return get_backend_class(name)  # type: ignore[return-value]
 
 
-#: Said when a map moves from processes to threads part-way.
-THREADS_MUST_BE_SAFE = (
-    "threads run it in this process, several at once: it must be thread-safe "
-    '(prefer="processes" keeps a function that is not on processes)'
-)
-
 #: Seconds ``shutdown(wait=True)`` waits, at most, for submits parked while
 #: their callable's first calls run to be routed by those calls' figures.
 PARKED_WAIT_S = 30.0
@@ -220,16 +197,6 @@ PARKED_WAIT_S = 30.0
 #: wait (IPython's history thread writes after each cell), so that the route
 #: does not depend on the instant it was decided.
 ROUTE_SETTLE_S = 0.05
-
-
-def _starts_in_loop(ended: str | None, per_item_s: float) -> bool:
-    """Whether a map that ended on ``ended`` (``"inline"``: a loop here) starts the next one in a loop.
-
-    Only items under :data:`~smartexec._rerouting.CHEAP_ITEM_S` seconds,
-    too cheap for any worker to gain on: a dearer map that a loop won for
-    its sending costs starts the next on threads, which measure again.
-    """
-    return ended == "inline" and per_item_s < CHEAP_ITEM_S
 
 
 def _other_threads(own_user_code: bool = True) -> int:
@@ -854,7 +821,7 @@ class SmartExecutor(Executor):
                 # Only items too cheap for any worker to gain on start in a
                 # loop: dearer ones that a loop won for their sending costs
                 # start on threads, whose figures may send them to processes.
-                estimate.loop_here = _starts_in_loop(stored.backend, stored.per_item_s)
+                estimate.loop_here = starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
         decisions = self._decisions  # the weakref callback must not hold self
@@ -1765,19 +1732,7 @@ class SmartExecutor(Executor):
         ordered: bool = True,
         dear: bool = False,
     ) -> Iterator[Any]:
-        """A map that starts on ``backend`` at once and may move once, on evidence.
-
-        Its first chunks hold one item each, so every worker starts working
-        at once; their replies (time, CPU, the workers' GIL watch) feed an
-        :class:`~smartexec._rerouting.Evidence`. Once it suffices, the rest of
-        the map moves to a route :func:`~smartexec._rerouting.reroute`
-        predicts clearly faster (the chunks already sent finish where they
-        are), and the callable's next maps start where this one ended.
-        ``dear``: each item carries big arguments of its own
-        (:func:`~smartexec._mapping.dear_to_send`): one item per worker goes
-        at a time until the figures give a verdict, so that a map they move
-        to threads has not copied a window of them to the workers first.
-        """
+        """A map that starts on ``backend`` at once and may move once, on evidence (:class:`RoutedMap`)."""
         gil = decision.gil
         if (
             backend.shares_memory
@@ -1795,393 +1750,8 @@ class SmartExecutor(Executor):
                 (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
             )
             return lazy_inline(InContext(fn), inputs, self._stats.inline)
-        evidence = Evidence(backend.max_workers)
-        settled = False
-        relay: Relay
-
-        timed = 0  # items in the biggest chunk whose pickling was timed
-        # On threads: the CPU seconds the items' own threads used (each
-        # chunk's cpu_s), per second since the map started. Not the process's
-        # CPU: other threads (a BLAS pool still spinning, the program's own)
-        # would count.
-        threads_cpu = getattr(backend, "threads_cpu_s", None)
-        # ... and the seconds they were runnable (on a CPU or queued for one):
-        # a busy machine does not hide threads that release the GIL.
-        threads_wanted = getattr(backend, "threads_wanted_s", None)
-        # ... over the seconds they had chunks: how many could be runnable.
-        threads_busy = getattr(backend, "threads_busy_s", None)
-        # ... and whether the machine had cores to spare meanwhile.
-        machine_idle = getattr(backend, "machine_idle_s", None)
-        # (time, the pool threads' CPU, time, their runnable seconds, their
-        # busy seconds, the machine's idle seconds) at the first result
-        started_at: list[Any] = []
-        read_at = [0.0]  # perf_counter() of the last reading of the pool threads' clocks
-        evidence.on_threads = backend.shares_memory and threads_cpu is not None
-        owner = weakref.ref(self)  # the stream (held by map's results) must not hold self
-
-        def on_result(result: ChunkResult, calls: list[Call]) -> None:
-            nonlocal settled, timed
-            if settled:
-                return
-            n = min(len(calls), PICKLE_SAMPLE)
-            if n > timed and (not timed or n >= 8):
-                # Timed on the biggest chunk so far, in one pickler as a chunk
-                # is sent (a one-item sample reads ~20x too dear, see
-                # measure_pickling); at once, so no result is kept here.
-                outcomes = result.outcomes[:n]
-                measure_pickling(estimate, [c[0] for c in calls[:n]], [v for _, v in outcomes])
-                del outcomes
-                timed = n
-            evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil)
-            now = time.perf_counter()
-            # Not at every result: each reading lets go of the GIL once per pool
-            # thread and waits behind them to get it back (6-10 ms over 16
-            # results of 64 numpy items, a fifth of the map). Read at the first
-            # result, at the first one THREADS_MIN_WALL_S later (the first
-            # figures), then at most every THREADS_READ_EVERY_S.
-            due = not started_at or (
-                now - started_at[0] >= THREADS_MIN_WALL_S
-                and (evidence.process_cores is None or now - read_at[0] >= THREADS_READ_EVERY_S)
-            )
-            if evidence.on_threads and due:
-                read_at[0] = now
-                assert threads_cpu is not None
-                cpu = threads_cpu()  # the CPU clocks: read with the GIL held throughout
-                now = time.perf_counter()
-                # The runnable seconds come from /proc reads that let go of the
-                # GIL: getting it back waits behind threads that hold it (5 ms
-                # a switch), so they get a clock of their own. Timed after
-                # them, the CPU seconds of 6 GIL-holding threads read 1.4
-                # cores (it moved such a map to threads' verdict "releases").
-                wanted = threads_wanted() if threads_wanted is not None else None
-                busy = threads_busy() if threads_busy is not None else None
-                # In ticks of 10 ms: read no more often (each read lets go of the GIL).
-                idle = None
-                if machine_idle is not None and (
-                    not started_at
-                    or (
-                        started_at[5] is not None
-                        and now - started_at[2] - evidence.idle_wall_s >= IDLE_TICK_S
-                    )
-                ):
-                    idle = machine_idle()
-                wanted_now = time.perf_counter()
-                if cpu is None:
-                    pass  # no pool threads alive just now: read it at the next result
-                elif not started_at:
-                    started_at[:] = (now, cpu, wanted_now, wanted, busy, idle)
-                elif min(now - started_at[0], wanted_now - started_at[2]) >= THREADS_MIN_WALL_S:
-                    evidence.process_cores = (cpu - started_at[1]) / (now - started_at[0])
-                    if wanted is not None and started_at[3] is not None:
-                        wall = wanted_now - started_at[2]
-                        evidence.wanted_cores = (wanted - started_at[3]) / wall
-                        if busy is not None and started_at[4] is not None:
-                            evidence.busy_threads = (busy - started_at[4]) / wall
-                        if idle is not None and started_at[5] is not None:
-                            evidence.idle_cores = (idle - started_at[5]) / wall
-                            evidence.idle_wall_s = wall
-            if evidence.ready():
-                executor = owner()  # None: collected, its backends shut down
-                settled = executor is None or executor._settle(
-                    fn, decision, estimate, evidence, backend, relay, inputs, end_time, buffersize
-                )
-            if dear and not settled and not evidence.stay_noted:
-                # No verdict yet: one more item per worker, not the window
-                # (whose chunks, sized by the time per item, would hold ~15
-                # of them: a first map under load sent 49 16 MiB arrays to
-                # fork before its figures moved the rest to threads).
-                stream.probe_again()
-
-        sent = 0
-
-        def clocked() -> bool:
-            # On threads, reading a thread's CPU clock costs it its turn under
-            # load (ThreadBackend.unclocked): until the verdict, each worker's
-            # first chunk and every third after it give their CPU seconds;
-            # none after (nothing reads them). Process backends always do.
-            nonlocal sent
-            if settled:
-                return False
-            sent += 1
-            return sent <= backend.max_workers or sent % CLOCK_EVERY == 0
-
-        probe = None
-        cheap = estimate.per_item_s is not None and estimate.per_item_s < CHEAP_ITEM_S
-        if cheap and backend.shares_memory:
-            # Measured too cheap to send before (a map, or an earlier run, that
-            # moved to a loop here): a window of big chunks on threads would
-            # be under way before the figures move the rest. Two small chunks
-            # first; the full window only if the map stays.
-            probe = (max(1, min(2, backend.max_workers)), CHEAP_ITEMS)
-        elif dear:  # (only ever for a process route)
-            # Sending is most of the cost of such items (a 16 MiB array: ~5
-            # ms each, 24-50 ms under load), and the window would send six
-            # before the first figures: the 64-array einsum map sent 7 to
-            # fork (0.26 s of sending, loaded machine) before it moved to threads.
-            probe = (max(1, backend.max_workers), 1)
-        stream: ChunkStream = self._open_stream(
-            fn,
-            decision,
-            estimate,
-            backend,
-            inputs,
-            remaining,
-            None,
-            buffersize,
-            end_time,
-            measure_first=estimate.per_item_s is None,
-            on_result=on_result,
-            probe=probe,
-            on_send=None if backend.shares_memory else evidence.add_send,
-            clocked=clocked,
-        )
-        relay = Relay(stream)
-        started = (
-            f"started on {backend.name} at once: its first chunks, run in the workers, "
-            f"measure the items (time, CPU, the GIL) and may move the rest of the map"
-            + (
-                f"; per item so far: {estimate}"
-                if estimate.per_item_s and not estimate.earlier_run
-                else ""  # an earlier run's figures have their own reason
-            )
-        )
-        self._note(decision, estimate, backend.name, (started,))  # no chunksize yet: 1, 1, ...
-        # The profile its verdict saved is written once its results end (see
-        # smartexec._profiles.save), not while its chunks run.
-        return stream_values([], relay, ordered, on_end=_profiles.flush)
-
-    def _settle(
-        self,
-        fn: Callable[..., Any],
-        decision: Decision,
-        estimate: Estimate,
-        evidence: Evidence,
-        backend: Backend,
-        relay: Relay,
-        inputs: Iterator[tuple[Any, ...]],
-        end_time: float | None,
-        buffersize: int | None = None,
-    ) -> bool:
-        """Act on a map's evidence: move the rest of it, or not; route its next maps.
-
-        The stream the rest moves to keeps the map's ``buffersize``.
-
-        Returns:
-            True when the map is decided; False when a verdict to stay was
-            noted but may still become a move at a later result
-            (:meth:`Evidence.recheck_stay`).
-        """
-        stream = relay.streams[-1]
-        assert isinstance(stream, ChunkStream)
-        # A later look at items over CHEAP_ITEM_S refreshes figures, moves
-        # nothing; unless the stay was noted with no GIL kind to price the
-        # items on and the chunks agree on one now (a map on threads whose
-        # first chunks came back before the pool's clocks could be read): the
-        # first look that could price it decides.
-        kind_found_late = (
-            evidence.stay_noted and evidence.noted_kind is None and evidence.kind is not None
-        )
-        refresh_only = (
-            evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S and not kind_found_late
-        )
-        if refresh_only and not stream.input_read and evidence.recheck_stay():
-            # Dear items keep their route at a later look; their figures are
-            # taken again at the last one only (a look costs ~0.2 ms of this
-            # thread, which the workers' cores share).
-            return False
-        cpus = self._platform.cpu_count
-        candidates = {backend.name: (backend.max_workers, 0.0)}
-        gil = evidence.profile()
-        if backend.name not in ("fork", "loky", "thread"):
-            # A plugin's or a cluster's backend (dask): the user chose to
-            # run there; the figures are kept, the route is not changed.
-            self._note(decision, estimate, backend.name, (evidence.describe(),), measured=True)
-            return True
-        alternative: Decision | None = None
-        profile = decision.profile
-        if (
-            backend.name in ("fork", "loky")
-            and self._options.prefer != "processes"
-            and permits(profile, "thread", self._options)
-        ):
-            workers = self._max_workers or _factory("thread").default_workers(cpus)
-            candidates["thread"] = (workers, 0.0)
-            alternative = dataclasses.replace(decision, backend="thread", share=False)
-        if backend.name in ("fork", "loky") and self._options.prefer != "processes":
-            if permits(profile, "inline", self._options):
-                candidates["inline"] = (1, 0.0)
-        elif backend.name == "thread" and self._options.prefer != "threads" and gil is not None:
-            assert decision.profile is not None
-            holds = dataclasses.replace(gil, kind="holds")
-            # This map's own chunks run on the pool's threads now: they do
-            # not count (the move sends the rest of this very map elsewhere).
-            target = decide(
-                decision.profile,
-                self._platform,
-                self._options,
-                holds,
-                _other_threads(own_user_code=False),
-            )
-            if target.backend in ("fork", "loky") and not target.share:
-                factory = _factory(target.backend)
-                workers = self._max_workers or factory.default_workers(cpus)
-                startup = (
-                    0.0 if target.backend in self._started else (factory.worker_startup_s * workers)
-                )
-                candidates[target.backend] = (workers, startup)
-                alternative = target
-        if backend.name == "thread" and permits(profile, "inline", self._options):
-            candidates["inline"] = (1, 0.0)
-        if backend.name == "thread":
-            alternative = alternative or decision
-        if backend.shares_memory:
-            send_s = estimate.pickle_parent_s
-        else:
-            send_s = evidence.send_s(estimate.pickle_parent_s)
-            # Seconds once per chunk, then per item: from the sends (one-item
-            # chunks against bigger ones), else from the pickling estimate.
-            per_chunk = evidence.per_chunk_send(
-                estimate.pickle_parent_s + estimate.send_per_chunk_s
-            )
-            if per_chunk is None and estimate.send_per_chunk_s > 0:
-                per_chunk = (estimate.send_per_chunk_s, estimate.pickle_parent_s)
-            if per_chunk is not None:
-                # A cost paid once per chunk (a repeated big argument, proven
-                # unchanged once per chunk): the rest's chunks grow until it
-                # is a small share of their work, and are priced at that size.
-                overhead_s = backend.chunk_overhead_s + per_chunk[0]
-                size = tuned_chunksize(
-                    evidence.per_item_s, backend.max_workers, overhead_s, stream.remaining
-                )
-                send_s = per_chunk[1] + per_chunk[0] / size
-                stream.chunk_overhead_s = overhead_s
-        verdict = reroute(
-            evidence,
-            current=backend.name,
-            candidates=candidates,
-            send_s=send_s,
-            rest=stream.remaining,
-            cpus=cpus,
-            prior=decision.gil.kind if decision.gil is not None else None,
-            may_move=not refresh_only,
-        )
-        # A stay from the first chunks is noted now (a map that ends early
-        # still leaves its profile) and taken again until MAX_SAMPLES chunks
-        # are in or all is sent: items under CHEAP_ITEM_S may still move
-        # then; a stay again only replaces the first one's figures (workers'
-        # first calls, which pay for imports and cold caches, weigh less by then).
-        keep_watching = verdict.target is None and not stream.input_read and evidence.recheck_stay()
-        replaces = None
-        if verdict.target is None and evidence.stay_noted:
-            if keep_watching:
-                return False
-            replaces = evidence.stay_note
-        # A last look with the input all sent, or with fewer items left than
-        # measured, predicts for a tail (chunks shrink there, a per-chunk cost
-        # weighs more): the first look's words stay, unless they had no GIL
-        # kind to price the items on and this look has one; its figures
-        # still go to the profile.
-        reworded = (
-            replaces is None
-            or kind_found_late
-            or (
-                not stream.input_read
-                and (stream.remaining is None or stream.remaining >= evidence.items)
-            )
-        )
-        ended = decision
-        estimate.loop_here = _starts_in_loop(verdict.target, evidence.per_item_s)
-        if verdict.target == "inline":
-            stream.detach()
-            relay.append(InlineStream(InContext(fn), inputs, self._stats.inline))
-            # The process route's reasons no longer hold for its next maps,
-            # and a GIL use measured now replaces one from an earlier run.
-            ended = dataclasses.replace(
-                decision,
-                backend="thread",
-                share=False,
-                gil=gil if gil is not None else decision.gil,
-                reasons=(
-                    decision.reasons[0],
-                    "its items cost less than sending them: its next maps start in a "
-                    "loop in the calling thread, whose batches re-check that (the rest "
-                    "goes to workers should the items turn slow)"
-                    if estimate.loop_here
-                    else "its items cost less than sending them: its next maps start on "
-                    "threads, whose figures (the sending measured afresh) may move them",
-                ),
-            )
-            self._note(ended, estimate, "inline", (verdict.reason,), measured=True)
-        elif verdict.target is not None and alternative is not None:
-            left = stream.detach()
-            try:
-                with self._lock:
-                    _check_open(self)
-                    target_backend = self._backend(verdict.target)
-                moved = dataclasses.replace(alternative, backend=verdict.target)
-                # An error of the input (or in sending an item) while the new
-                # stream reads its first window belongs to the map at its place:
-                # kept by the stream, raised after every result before it.
-                new = self._open_stream(
-                    fn,
-                    moved,
-                    estimate,
-                    target_backend,
-                    inputs,
-                    left,
-                    None,
-                    buffersize,
-                    end_time,
-                    keep_first_error=True,
-                )
-            except Exception as exc:  # e.g. shut down meanwhile: stay
-                stream.reattach()
-                self._note(
-                    decision,
-                    estimate,
-                    backend.name,
-                    (f"{verdict.reason}; the move failed: {exc}",),
-                    measured=True,
-                )
-            else:
-                relay.append(new)
-                ended = moved
-                said: tuple[str, ...] = (verdict.reason,)
-                if verdict.target == "thread" and backend.name in ("fork", "loky"):
-                    said += (THREADS_MUST_BE_SAFE,)
-                self._note(moved, estimate, verdict.target, said, new, measured=True)
-        elif reworded:
-            evidence.stay_note = self._note(
-                decision,
-                estimate,
-                backend.name,
-                (verdict.reason,),
-                measured=True,
-                replaces=replaces,
-            )
-        if self._options.prefer is None:  # prefer= skips the measurement: nothing is learned
-            if gil is not None:
-                remember(fn, gil)
-            where = "inline" if verdict.target == "inline" else ended.backend
-            _profiles.save(
-                fn,
-                _profiles.StoredProfile(
-                    where,
-                    evidence.per_item_s,
-                    gil,
-                    estimate.pickle_parent_s,
-                    evidence.items,
-                    time.time(),
-                ),
-            )
-        if reworded:
-            self._route_next(fn, ended, verdict.reason)
-        if keep_watching:
-            if not evidence.stay_noted:
-                evidence.noted_kind = evidence.kind
-            evidence.stay_noted = True
-            return False
-        return True
+        run = RoutedMap(self, fn, decision, estimate, backend, inputs, end_time, buffersize, dear)
+        return run.start(remaining, ordered)
 
     def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
         """Start ``fn``'s next maps on ``decision``'s backend, saying why."""

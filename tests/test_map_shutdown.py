@@ -283,7 +283,9 @@ def test_a_failure_in_routing_advice_loses_no_result(monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise RuntimeError("advice broke")
 
-    monkeypatch.setattr(SmartExecutor, "_settle", broken)
+    from smartexec._routed_map import RoutedMap
+
+    monkeypatch.setattr(RoutedMap, "settle", broken)
     with SmartExecutor(max_workers=2) as ex, caplog.at_level("WARNING", logger="smartexec"):
         assert list(ex.map(_square_slowly, range(40))) == [x * x for x in range(40)]
     assert any("routing advice failed" in r.message for r in caplog.records)

@@ -1,6 +1,6 @@
 """An input error met while a map moves backend is raised at its place (found by a breaker).
 
-A map that moves the rest of its items (``_settle``) opens a stream on the
+A map that moves the rest of its items (``RoutedMap.move``) opens a stream on the
 new backend, whose first read may meet the input's error. That error belongs
 to the map at its position: raised after every result before it, whichever
 backend ran them, never swallowed (the old code stayed on the old backend and
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from smartexec import SmartExecutor, gil
-from smartexec import executor as executor_module
+from smartexec import _routed_map as routed_map
 from smartexec._rerouting import Reroute
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,7 +37,7 @@ def sleepy(x):
 def _in_the_move() -> bool:
     frame = sys._getframe()
     while frame is not None:
-        if frame.f_code.co_name == "_settle":
+        if frame.f_code.co_name == "move":
             return True
         frame = frame.f_back
     return False
@@ -78,9 +78,9 @@ class FailingIterator:
 def forced_move(monkeypatch):
     """The next routed map starts on fork and moves to threads after its first two chunks."""
     gil.forget(sleepy)  # an earlier test's measurement would start it on threads
-    monkeypatch.setattr(executor_module.Evidence, "ready", lambda self: len(self.per_item) >= 2)
+    monkeypatch.setattr(routed_map.Evidence, "ready", lambda self: len(self.per_item) >= 2)
     monkeypatch.setattr(
-        executor_module,
+        routed_map,
         "reroute",
         lambda evidence, **kw: Reroute("thread", {}, "moved by the test"),
     )

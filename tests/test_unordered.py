@@ -22,7 +22,7 @@ import pytest
 from tqdm import tqdm
 
 from smartexec import SmartExecutor, parallel_map
-from smartexec import executor as executor_module
+from smartexec import _routed_map as routed_map
 from smartexec._mapping import ChunkStream, stream_values
 from smartexec._rerouting import Reroute
 from smartexec.errors import WorkerCrashedError
@@ -235,12 +235,12 @@ def test_results_are_not_kept_alive_once_handed_out(ordered, backend):
 
 def _force_a_move(monkeypatch, target):
     """Make the next routed map move to ``target`` after its first two chunks."""
-    monkeypatch.setattr(executor_module.Evidence, "ready", lambda self: len(self.per_item) >= 2)
+    monkeypatch.setattr(routed_map.Evidence, "ready", lambda self: len(self.per_item) >= 2)
 
     def forced(evidence, **kwargs):
         return Reroute(target, {}, f"moved to {target} by the test")
 
-    monkeypatch.setattr(executor_module, "reroute", forced)
+    monkeypatch.setattr(routed_map, "reroute", forced)
 
 
 @pytest.mark.timeout(120)
