@@ -235,3 +235,43 @@ def test_outside_an_event_loop_it_submits_nothing():
         with pytest.raises(RuntimeError, match="no running event loop"):
             coro.send(None)
     assert RAN == []
+
+
+def test_a_process_submit_is_made_off_the_loops_thread(monkeypatch):
+    # Issue 34: routing and pickling a process submit must not hold the loop.
+    made_in: list[str] = []
+    real = SmartExecutor.submit
+
+    def spying(self, fn, /, *args, **kwargs):
+        made_in.append(threading.current_thread().name)
+        return real(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(SmartExecutor, "submit", spying)
+
+    async def main(ex: SmartExecutor) -> list[int]:
+        loop_thread = threading.current_thread().name
+        got = await asyncio.gather(*(ex.run_async(square, i) for i in range(8)))
+        assert loop_thread not in made_in
+        return list(got)
+
+    with SmartExecutor(2, backend="fork") as ex:
+        assert asyncio.run(main(ex)) == [i * i for i in range(8)]
+    assert made_in and all(name.startswith("smartexec-async-submit") for name in made_in)
+
+
+def test_a_submit_settled_on_threads_is_made_on_the_loop(monkeypatch):
+    made_in: list[str] = []
+    real = SmartExecutor.submit
+
+    def spying(self, fn, /, *args, **kwargs):
+        made_in.append(threading.current_thread().name)
+        return real(self, fn, *args, **kwargs)
+
+    async def main(ex: SmartExecutor) -> None:
+        await ex.run_async(square, 1)  # routes it: off the loop
+        monkeypatch.setattr(SmartExecutor, "submit", spying)
+        assert await ex.run_async(square, 3) == 9
+        assert made_in == [threading.current_thread().name]
+
+    with SmartExecutor(2, backend="thread") as ex:
+        asyncio.run(main(ex))
