@@ -184,11 +184,6 @@ def _send(
     return future
 
 
-def _factory(name: str) -> type[Backend]:
-    """The class registered as backend ``name`` (its class-level figures)."""
-    return get_backend_class(name)  # type: ignore[return-value]
-
-
 #: Seconds ``shutdown(wait=True)`` waits, at most, for submits parked while
 #: their callable's first calls run to be routed by those calls' figures.
 PARKED_WAIT_S = 30.0
