@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import csv
+import dataclasses
 import functools
 import hashlib
 import io
@@ -318,3 +319,184 @@ def test_what_it_held_before_or_in_another_branch_is_still_written(fn):
 
 def test_a_view_made_by_a_class_call_is_its_buffer():
     assert not routes(views_a_shared_buffer)[0]
+
+
+# -- operators, constructed objects, class attributes, wrappers (a second break-it pass) --
+
+
+class Lookup:
+    def __init__(self, n: int) -> None:
+        self.base = np.arange(float(n))
+        self.work = np.empty(n)
+
+    def __getitem__(self, k: int) -> float:
+        np.multiply(self.base, k, out=self.work)
+        return float(self.work.sum())
+
+    def __mul__(self, k: int) -> float:
+        return self[k]
+
+
+_LOOKUP = Lookup(8)
+
+
+def indexes_a_shared_object(i):
+    return _LOOKUP[i]
+
+
+def multiplies_a_shared_object(i):
+    return _LOOKUP * i
+
+
+class Rows:
+    def __init__(self) -> None:
+        self.data, self.pos = [1, 2, 3], 0
+
+    def __iter__(self):
+        self.pos = 0
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.data):
+            raise StopIteration
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+
+_ROWS = Rows()
+
+
+def iterates_a_shared_object(k):
+    return sum(r * k for r in _ROWS)
+
+
+class Scaler:
+    def __init__(self, buf):
+        self.buf = buf
+
+    def run(self, i):
+        np.multiply(np.arange(8.0), i, out=self.buf)
+        return float(self.buf.sum())
+
+
+_SCRATCH8 = np.empty(8)
+
+
+def wraps_a_module_buffer(i):
+    return Scaler(_SCRATCH8).run(i)
+
+
+class Acc:
+    items: list[int] = []  # noqa: RUF012 - the shape under test: a class attribute shared by all
+
+    def add(self, x):
+        self.items.append(x)
+        return len(self.items)
+
+
+def appends_to_a_class_attribute(i):
+    return Acc().add(i)
+
+
+def adds_into_a_copied_dicts_value(rec, k):
+    out = dict(rec)
+    out["v"] += k
+    return float(out["v"].sum())
+
+
+def reduces_with_iadd(rows):
+    import operator
+
+    return functools.reduce(operator.iadd, rows)
+
+
+def centres_a_list_of_its_arguments(a, b):
+    for arr in [a, b]:
+        arr -= arr.mean()
+    return float(a.sum())
+
+
+@functools.singledispatch
+def _score(x):
+    return 0.0
+
+
+@_score.register
+def _(x: int) -> float:
+    np.multiply(np.arange(8.0), x, out=_SCRATCH8)
+    return float(_SCRATCH8.sum())
+
+
+def dispatches(i):
+    return _score(i)
+
+
+import contextlib  # noqa: E402 - beside the shape that uses it
+
+
+@contextlib.contextmanager
+def _workspace():
+    yield _SCRATCH8
+
+
+def writes_what_a_contextmanager_gives(i):
+    with _workspace() as buf:
+        np.multiply(np.arange(8.0), i, out=buf)
+        return float(buf.sum())
+
+
+_SETTINGS = threading.local()
+_SETTINGS.scale = 3
+
+
+def reads_a_thread_local_set_here(i):
+    return i * _SETTINGS.scale
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        indexes_a_shared_object,
+        multiplies_a_shared_object,
+        iterates_a_shared_object,
+        wraps_a_module_buffer,
+        appends_to_a_class_attribute,
+        adds_into_a_copied_dicts_value,
+        reduces_with_iadd,
+        centres_a_list_of_its_arguments,
+        dispatches,
+        writes_what_a_contextmanager_gives,
+        reads_a_thread_local_set_here,
+    ],
+)
+def test_operators_constructed_objects_and_wrappers_are_read(fn):
+    assert not routes(fn)[0], effects_of(fn)
+
+
+# -- and what stays allowed ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+
+    def norm(self) -> float:
+        return float(np.hypot(self.x, self.y))
+
+
+def builds_a_dataclass(i):
+    return Point(i, i + 1).norm()
+
+
+def calls_a_nested_function(x):
+    def sq(v):
+        return v * v
+
+    cube = lambda v: v * sq(v)  # noqa: E731 - the shape under test
+    return sq(x) + cube(x)
+
+
+@pytest.mark.parametrize("fn", [builds_a_dataclass, calls_a_nested_function])
+def test_dataclasses_and_nested_functions_stay_allowed(fn):
+    assert routes(fn) == (True, True), effects_of(fn)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import functools
 import inspect
 import sys
+import threading
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ._found import MAX_DEPTH, MAX_FUNCTIONS, Effect, Kind, is_declared
@@ -55,6 +57,7 @@ class Budget:
         self.found: dict[tuple[str, str], Effect] = {}
         self.trusted: dict[str, None] = {}
         self.stack: list[types.CodeType] = []
+        self.local_calls: set[int] = set()  # nested functions being read (by node id)
 
     def add(self, kind: Kind, what: str, where: str) -> None:
         """Record an effect once; one found in a function it calls names that function."""
@@ -100,6 +103,8 @@ class Scope:
             elif isinstance(sub, ast.ExceptHandler) and sub.name:
                 self.locals.add(sub.name)
         self.locals -= self.globals_declared | self.nonlocals
+        #: functions and lambdas defined here, by the name they are bound to
+        self.functions: dict[str, FunctionNode] = {}
         self.cells: dict[str, Any] = {}
         for name, cell in zip(self.code.co_freevars, fn.__closure__ or ()):
             try:
@@ -152,6 +157,14 @@ class Scope:
                 return MISSING
             return static_attribute(owner, expr.attr)
         return MISSING
+
+    def local_function(self, name: str) -> FunctionNode | None:
+        """The function or lambda defined in this function (or one around it) that ``name`` calls."""
+        if name in self.functions:
+            return self.functions[name]
+        if name in self.locals or self.parent is None:
+            return None
+        return self.parent.local_function(name)
 
     def bind(self, name: str, ref: Ref) -> None:
         if name in self.locals:
@@ -370,6 +383,8 @@ class FunctionReader:
         ref = self.ref(node.value)
         for target in node.targets:
             self.store(target, ref, node)
+            if isinstance(node.value, ast.Lambda) and isinstance(target, ast.Name):
+                self.scope.functions[target.id] = node.value  # sq = lambda v: v * v
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
@@ -383,6 +398,10 @@ class FunctionReader:
             self.write(self.scope.lookup(target.id), " in place", node)
             self.store(target, NOTHING, node)
         else:
+            # `d["v"] += k`, `self.data *= k`: the element itself changes in
+            # place (an array, a list), then is stored back.
+            self.write(self.ref(target), " in place", node)
+            self.dunders(_AUG_DUNDERS.get(type(node.op), ()), target, [self.ref(node.value)])
             self.store(target, NOTHING, node)
 
     def visit_Delete(self, node: ast.Delete) -> None:
@@ -390,7 +409,9 @@ class FunctionReader:
             self.store(target, NOTHING, node)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
-        self.store(node.target, self.ref(node.iter).element(), node)
+        iterated = self.ref(node.iter)
+        self.dunders(("__iter__", "__next__"), node.iter, [])
+        self.store(node.target, iterated.element(), node)
         self.block(node.body)
         self.block(node.orelse)
 
@@ -399,6 +420,7 @@ class FunctionReader:
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
             ref = self.ref(item.context_expr)
+            ref = ref | self.dunders(("__enter__", "__exit__"), item.context_expr, [])
             if item.optional_vars is not None:
                 self.store(item.optional_vars, ref, node)
         for stmt in node.body:
@@ -450,6 +472,29 @@ class FunctionReader:
             FunctionReader(inner).read()
         if not isinstance(node, ast.Lambda):
             self.scope.bind(node.name, NOTHING)
+            self.scope.functions[node.name] = node
+
+    def local_call(
+        self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, call: Call
+    ) -> Ref:
+        """A call of a function defined in this one (``def sq(v): ...; sq(x)``): read with its arguments."""
+        budget = self.scope.reader.budget
+        if not self.record or id(node) in budget.local_calls:
+            return NOTHING  # recursion: read once
+        names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+        params = dict(zip(names, call.args))
+        for name, ref in call.keywords.items():
+            params[name] = params.get(name, NOTHING) | ref
+        for name in params_of(node):
+            params.setdefault(name, call.spread)
+        inner = Scope(self.scope.reader, self.scope.fn, node, params, {}, self.scope)
+        inner.cells = {}
+        budget.local_calls.add(id(node))
+        try:
+            FunctionReader(inner).read()
+        finally:
+            budget.local_calls.discard(id(node))
+        return inner.returns
 
     # -- stores and writes
 
@@ -499,17 +544,35 @@ class FunctionReader:
         """What ``expr``'s value may refer to; records the writes and calls in it."""
         scope = self.scope
         if isinstance(expr, ast.Name):
+            if self.record and expr.id not in scope.locals:
+                self.thread_state(expr)
             return scope.lookup(expr.id)
         if isinstance(expr, ast.Attribute):
             owner = scope.value(expr.value)
             if isinstance(owner, types.ModuleType):
                 value = static_attribute(owner, expr.attr)
                 if value is not MISSING:
+                    if self.record:
+                        self.thread_state(expr)
                     return object_ref(value, f"module-level `{dotted(expr)}`")
-            return self.ref(expr.value).element()
+            return self.ref(expr.value).element() | self.class_attribute(expr)
+        if isinstance(expr, (ast.Yield, ast.YieldFrom)):
+            # A generator's values are what it gives (a contextmanager's `as`).
+            if expr.value is not None:
+                scope.returns = scope.returns | self.ref(expr.value)
+            return NOTHING
         if isinstance(expr, ast.Subscript):
-            self.ref(expr.slice)
-            return self.ref(expr.value).element()
+            key = self.ref(expr.slice)
+            owner = self.ref(expr.value)
+            got = self.dunders(("__getitem__",), expr.value, [key])
+            return owner.element() | got
+        if isinstance(expr, ast.BinOp):
+            left, right = self.ref(expr.left), self.ref(expr.right)
+            name = _BIN_DUNDERS.get(type(expr.op))
+            if name is None:
+                return NOTHING
+            got = self.dunders((f"__{name}__",), expr.left, [right])
+            return got | self.dunders((f"__r{name}__",), expr.right, [left])
         if isinstance(expr, ast.Starred):
             return self.ref(expr.value)
         if isinstance(expr, ast.NamedExpr):
@@ -523,8 +586,11 @@ class FunctionReader:
             if isinstance(expr, ast.IfExp):
                 self.ref(expr.test)
             return functools.reduce(Ref.__or__, (self.ref(p) for p in parts), NOTHING)
-        if isinstance(expr, ast.Tuple):
+        if isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
             refs = [self.ref(e) for e in expr.elts]
+            return functools.reduce(Ref.__or__, refs, NOTHING).holding()
+        if isinstance(expr, ast.Dict):
+            refs = [self.ref(e) for e in (*expr.keys, *expr.values) if e is not None]
             return functools.reduce(Ref.__or__, refs, NOTHING).holding()
         if isinstance(expr, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             self.depth += 1  # its targets are its own; it runs any number of times
@@ -546,7 +612,9 @@ class FunctionReader:
         self, expr: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
     ) -> Ref:
         for gen in expr.generators:
-            self.store(gen.target, self.ref(gen.iter).element(), expr)
+            iterated = self.ref(gen.iter)
+            self.dunders(("__iter__", "__next__"), gen.iter, [])
+            self.store(gen.target, iterated.element(), expr)
             for cond in gen.ifs:
                 self.ref(cond)
         parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
@@ -588,6 +656,10 @@ class FunctionReader:
                 # first use): judged by its name, as the library's functions are.
                 return self.method_call(func.attr, receiver, call, node, library)
             return self.method_call(func.attr, receiver, call, node)
+        if isinstance(func, ast.Name):
+            local = self.scope.local_function(func.id)
+            if local is not None:
+                return self.local_call(local, call)
         target = self.ref(func)
         if self.record:
             what = dotted(func) or "a callable it computes"
@@ -610,6 +682,63 @@ class FunctionReader:
             return found
         return None
 
+    def thread_state(self, expr: ast.Name | ast.Attribute) -> None:
+        """A module-level ``threading.local`` holding values set in this thread: a pool thread has none."""
+        value = self.scope.value(expr)
+        if isinstance(value, threading.local) and vars(value):
+            self.scope.reader.budget.add(
+                "shared",
+                f"reads `{dotted(expr)}`, a threading.local set in this thread (a pool "
+                f"thread starts without its values)",
+                self.where(expr),
+            )
+
+    def class_attribute(self, expr: ast.Attribute) -> Ref:
+        """``self.items`` where ``items`` is a class attribute of the method's class: shared by every instance."""
+        scope = self.scope
+        if not (isinstance(expr.value, ast.Name) and scope.parent is None):
+            return NOTHING
+        if expr.value.id != first_param_of(scope.node):
+            return NOTHING
+        cls = owner_class(scope.fn)
+        if cls is None:
+            return NOTHING
+        try:
+            value = inspect.getattr_static(cls, expr.attr)
+        except AttributeError:
+            return NOTHING
+        if callable(value) or isinstance(value, (property, staticmethod, classmethod)):
+            return NOTHING
+        return object_ref(value, f"class attribute `{cls.__qualname__}.{expr.attr}`")
+
+    def dunders(self, names: Iterable[str], expr: ast.expr, args: list[Ref]) -> Ref:
+        """Read the user's methods an operator calls on ``expr`` (``obj[i]``: ``__getitem__``).
+
+        Only where the lookups find the object (a module-level instance of
+        a user's class, ``_LOOKUP[i]``): an operator on an argument or an
+        element is taken as the built-in types' (they run no code of the
+        user's), as reading every class's ``__getitem__`` for every
+        subscript would keep most numpy code off threads.
+        """
+        if not self.record:
+            return NOTHING
+        value = self.scope.value(expr)
+        if value is MISSING or isinstance(value, (type, types.ModuleType)):
+            return NOTHING
+        cls = type(value)
+        module = sys.modules.get(getattr(cls, "__module__", ""))
+        if module is None or not user_module(module):
+            return NOTHING
+        receiver, result = self.ref(expr), NOTHING
+        for name in names:
+            method = inspect.getattr_static(cls, name, None)
+            if isinstance(method, types.FunctionType) and user_code(method.__code__):
+                known = {first_param(method): value}
+                result = result | self.scope.reader.function(
+                    method, Call(list(args)), known, receiver
+                )
+        return result
+
     def passed_functions(self, node: ast.Call, call: Call) -> None:
         """Read the user's functions and lambdas passed as arguments, as the callee may call them.
 
@@ -631,6 +760,10 @@ class FunctionReader:
             if isinstance(value, types.FunctionType) and user_code(value.__code__):
                 count = value.__code__.co_argcount + value.__code__.co_kwonlyargcount
                 self.scope.reader.function(value, Call([others] * count, spread=others))
+            elif value is not MISSING and callable(value):
+                module, fname = qualified(value)
+                if WRITES_ARGUMENT.get((module, fname)) == 0:  # reduce(operator.iadd, rows)
+                    self.write(others, f" (`{fname}`, passed to a call)", node)
 
     def method_call(
         self, name: str, receiver: Ref, call: Call, node: ast.Call, owner: Any = MISSING
@@ -645,30 +778,72 @@ class FunctionReader:
         must be one that only reads on every type that has it. Anything
         else may change the receiver, and is a write to it.
         """
+        mine = NOTHING  # what the user's methods of that name return
+        methods = []
+        if owner is MISSING and self.record:
+            methods = self.scope.reader.user_methods(self.scope.fn, name)
+            for method in methods:
+                mine = mine | self.scope.reader.function(method, call, None, receiver)
         if name in MUTATING_METHODS:
             self.write(receiver, f" (.{name}())", node)
         elif owner is not MISSING:
             library = isinstance(owner, types.ModuleType) or not stdlib_type(type(owner))
             if not library and not reads_only(name, type(owner)):
                 self.write(receiver, f" (.{name}())", node)
-        elif self.record:
-            methods = self.scope.reader.user_methods(self.scope.fn, name)
-            result = NOTHING
-            for method in methods:
-                result = result | self.scope.reader.function(method, call, None, receiver)
-            if methods:
-                return result
-            if not reads_only(name):
-                self.write(receiver, f" (.{name}(), a method it cannot see into)", node)
+        elif methods:
+            return mine
+        elif self.record and not reads_only(name):
+            self.write(receiver, f" (.{name}(), a method it cannot see into)", node)
         if name in METHODS_WRITING_ARGUMENT and call.args:
             self.write(call.args[0], f" (.{name}())", node)
         if name in VIEW_METHODS or (name == "astype" and _no_copy(call)):
-            return receiver
+            return receiver | mine
         if name in ELEMENT_METHODS:
-            return receiver.element()
+            return receiver.element() | mine
         if name in ITER_METHODS:
-            return receiver.holding()
-        return NOTHING
+            return receiver.holding() | mine
+        return mine
+
+    def library_wrapper(self, callee: types.FunctionType, call: Call) -> Ref:
+        """A library's function: the user's functions it wraps are read (``contextmanager``, ``singledispatch``).
+
+        ``functools.wraps`` leaves the user's function as ``__wrapped__``;
+        ``singledispatch`` keeps the implementations in ``registry``.
+        """
+        reader = self.scope.reader
+        found = NOTHING
+        wrapped = vars(callee).get("__wrapped__")
+        registry = vars(callee).get("registry")
+        inner = [wrapped] + (list(registry.values()) if isinstance(registry, Mapping) else [])
+        for fn in inner:
+            if isinstance(fn, types.FunctionType) and user_code(fn.__code__):
+                found = found | reader.function(fn, call)
+        return found | result_ref(callee, call)
+
+    def construct(self, cls: type, call: Call) -> Ref:
+        """``cls(...)``: a user's class's instance holds what its arguments refer to.
+
+        Its ``__init__`` (and a dataclass's ``__post_init__``) is read with
+        that instance as ``self``; a library's class gives what the tables
+        say (``memoryview(buf)`` is ``buf``).
+        """
+        reader = self.scope.reader
+        module = sys.modules.get(getattr(cls, "__module__", ""))
+        if module is None or not user_module(module):
+            init = inspect.getattr_static(cls, "__init__", None)
+            if isinstance(init, types.FunctionType):
+                reader.function(init, call, None, NOTHING)
+            return result_ref(cls, call)
+        instance = functools.reduce(Ref.__or__, [*call.args, *call.keywords.values()], call.spread)
+        instance = instance.holding()
+        for name in ("__init__", "__post_init__"):
+            method = inspect.getattr_static(cls, name, None)
+            if not isinstance(method, types.FunctionType):
+                continue
+            if dataclasses.is_dataclass(cls) and name == "__init__":
+                continue  # generated: it stores its arguments in the instance
+            reader.function(method, call if name == "__init__" else Call(), None, instance)
+        return instance
 
     def known_call(self, callee: Any, call: Call, node: ast.Call) -> Ref:
         """A call of an object found by lookups: the tables, or its code read in turn."""
@@ -711,13 +886,10 @@ class FunctionReader:
             )
         if isinstance(callee, types.FunctionType):
             if not user_code(callee.__code__) and not is_declared(callee):
-                return result_ref(callee, call)
+                return self.library_wrapper(callee, call)
             return reader.function(callee, call)
         if isinstance(callee, type) and callee is not type:
-            init = inspect.getattr_static(callee, "__init__", None)
-            if isinstance(init, types.FunctionType):
-                reader.function(init, call, None, NOTHING)
-            return result_ref(callee, call)  # memoryview(buf), ChainMap(d, ...)
+            return self.construct(callee, call)
         if isinstance(callee, functools.partial):
             bound = [object_ref(a, "an argument bound in the partial") for a in callee.args]
             inner = Call(bound + call.args, dict(call.keywords), call.spread)
@@ -761,10 +933,35 @@ class FunctionReader:
         return result_ref(callee, call)
 
 
+def owner_class(fn: types.FunctionType) -> type | None:
+    """The class a method is defined in, found from its ``__qualname__`` in its module (or None)."""
+    parts = fn.__qualname__.split(".")
+    if len(parts) < 2 or "<locals>" in parts:
+        return None
+    found: Any = fn.__globals__.get(parts[0])
+    for part in parts[1:-1]:
+        found = vars(found).get(part) if isinstance(found, type) else None
+    return found if isinstance(found, type) else None
+
+
 def first_param_of(node: FunctionNode) -> str:
     """The name of ``node``'s first positional parameter (``self``), or ""."""
     positional = [*node.args.posonlyargs, *node.args.args]
     return positional[0].arg if positional else ""
+
+
+_OPERATORS: dict[type, str] = {
+    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.MatMult: "matmul",
+    ast.Div: "truediv", ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.Pow: "pow",
+    ast.LShift: "lshift", ast.RShift: "rshift", ast.BitOr: "or", ast.BitXor: "xor",
+    ast.BitAnd: "and",
+}  # fmt: skip
+#: ``a + b`` calls ``__add__`` (then ``__radd__``): the name between the underscores.
+_BIN_DUNDERS: dict[type, str] = _OPERATORS
+#: ``a += b`` calls ``__iadd__`` (else ``__add__``).
+_AUG_DUNDERS: dict[type, tuple[str, ...]] = {
+    op: (f"__i{name}__", f"__{name}__") for op, name in _OPERATORS.items()
+}
 
 
 def _leaves(body: list[ast.stmt]) -> bool:
