@@ -142,19 +142,45 @@ class PackedCalls(NamedTuple):
         single: each call has exactly one positional argument, and ``items``
             holds those arguments; else ``items`` holds each call's ``args``.
         items: one entry per call, in order.
+        own: each call must get arguments of its own in the worker
+            (:func:`separate_calls`): the callable writes into them.
     """
 
     single: bool
     items: list[Any]
+    own: bool = False
+
+
+class OwnCalls(list):  # type: ignore[type-arg]
+    """A chunk's calls whose callable writes into its arguments: each gets its own in the worker.
+
+    A chunk travels as one pickle, which keeps one object passed to several
+    of its calls one object there (a repeated big argument is even sent
+    once, :class:`~smartexec.transport.ObjectCache`). That is free, and
+    right, for a callable that only reads its arguments; for one that
+    writes into them (``effects`` of kind ``"argument"``) each call gets a
+    copy, as a ``ProcessPoolExecutor`` pickling each call alone gives it.
+    """
+
+    own = True
+
+
+def copy_calls(chunk: Sequence[Call]) -> list[Call]:
+    """A list of ``chunk``'s calls, still an :class:`OwnCalls` when it was one."""
+    return OwnCalls(chunk) if isinstance(chunk, OwnCalls) else list(chunk)
 
 
 def pack_calls(calls: Sequence[Call]) -> Sequence[Call] | PackedCalls:
-    """``calls`` in their compact form when no call has keyword arguments, else as they are."""
+    """``calls`` in their compact form when no call has keyword arguments, else as they are.
+
+    An :class:`OwnCalls` chunk stays marked (``own``).
+    """
+    own = isinstance(calls, OwnCalls)
     if not calls or any(kwargs for _, kwargs in calls):
         return calls
     if all(len(args) == 1 for args, _ in calls):
-        return PackedCalls(True, [args[0] for args, _ in calls])
-    return PackedCalls(False, [args for args, _ in calls])
+        return PackedCalls(True, [args[0] for args, _ in calls], own)
+    return PackedCalls(False, [args for args, _ in calls], own)
 
 
 #: The keyword arguments of every call of a map: one shared empty dict (a
@@ -205,11 +231,18 @@ def separated(values: list[Any]) -> list[Any]:
     return out
 
 
+def own_arguments(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | PackedCalls:
+    """In a worker: the calls, each with arguments of its own where the chunk is marked ``own``."""
+    if getattr(calls, "own", False):
+        return separate_calls(calls)
+    return calls
+
+
 def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | PackedCalls:
     """The calls, each with arguments of its own (see :func:`separated`); run in a worker."""
     if isinstance(calls, PackedCalls) and calls.single:
         items = separated(calls.items)
-        return calls if items is calls.items else PackedCalls(True, items)
+        return calls if items is calls.items else PackedCalls(True, items, calls.own)
     shapes: list[Call]
     if isinstance(calls, PackedCalls):
         shapes = [(args, {}) for args in calls.items]
@@ -226,8 +259,8 @@ def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | Pack
         rebuilt.append((tuple(fresh[at : at + n]), dict(zip(kwargs, fresh[at + n : at + n + m]))))
         at += n + m
     if isinstance(calls, PackedCalls):
-        return PackedCalls(False, [args for args, _ in rebuilt])
-    return rebuilt
+        return PackedCalls(False, [args for args, _ in rebuilt], calls.own)
+    return OwnCalls(rebuilt) if isinstance(calls, OwnCalls) else rebuilt
 
 
 def separate_outcomes(result: ChunkResult) -> ChunkResult:

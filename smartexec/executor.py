@@ -53,7 +53,7 @@ from ._reasons import (
     reasons_off_processes,
     rule_of,
 )
-from ._remote import _NO_KWARGS, Call, ChunkResult
+from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
 from ._routed_map import RoutedMap, starts_in_loop
 from ._submit_learning import (
     MIN_CALLS,
@@ -1883,10 +1883,18 @@ class SmartExecutor(Executor):
             # as it does for a chunk stopped by its budget).
             cap: int | None = getattr(backend, "max_tasks_per_child", None)
             stats = self._stats  # the stream (held by map's results) must not hold self
+            profile = decision.profile
+            own = (
+                not backend.shares_memory
+                and profile is not None
+                and profile.effects.writes_arguments()
+            )
 
             def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
                 if cap is not None:
                     calls = calls[:cap]
+                if own:  # each call gets arguments of its own in the worker
+                    calls = OwnCalls(calls)
                 start = time.perf_counter()
                 future = _send(
                     backend,

@@ -50,7 +50,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
 from ._identity import identity_key
 from ._remote import Call, ChunkResult, separate_calls, separated, unpack_calls
 from ._system import current_platform
-from .effects import process_local_reason
+from .effects import effects_of, process_local_reason
 from .executor import SmartExecutor
 from .inspection import callable_name
 from .policy import Decision
@@ -79,20 +79,22 @@ class _Batch:
     is ``fn``'s plus the nested backend (small), so ``fn``'s routing holds.
     """
 
-    __slots__ = ("fn", "nested", "nested_n_jobs", "home", "__weakref__")
+    __slots__ = ("fn", "nested", "nested_n_jobs", "home", "own", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any], nested: Any, nested_n_jobs: int | None):
         self.fn = fn
         self.nested = nested
         self.nested_n_jobs = nested_n_jobs
         self.home = os.getpid()
+        # A callable that writes into its arguments gets its own in a worker.
+        self.own = effects_of(fn).writes_arguments()
 
     def __call__(self, calls: list[Call]) -> list[Any]:
         # A nested Parallel configures the backend object it finds: a copy per
         # batch, as joblib makes one per batch (batches on threads run at once).
         nested = copy.copy(self.nested)
         away = os.getpid() != self.home
-        if away:
+        if away and self.own:
             # In a worker process: each task gets arguments of its own, as a
             # task pickled alone would (the batch travelled as one pickle).
             calls = list(unpack_calls(separate_calls(calls)))
@@ -101,16 +103,16 @@ class _Batch:
             results = [self.fn(*args, **kwargs) for args, kwargs in calls]
         return separated(results) if away else results
 
-    def __getstate__(self) -> tuple[Any, Any, int | None]:
-        return self.fn, self.nested, self.nested_n_jobs
+    def __getstate__(self) -> tuple[Any, Any, int | None, bool]:
+        return self.fn, self.nested, self.nested_n_jobs, self.own
 
     @property
     def __name__(self) -> str:
         """The batch's name in errors and stats: ``fn``'s (e.g. a task_timeout's)."""
         return callable_name(self.fn)
 
-    def __setstate__(self, state: tuple[Any, Any, int | None]) -> None:
-        self.fn, self.nested, self.nested_n_jobs = state
+    def __setstate__(self, state: tuple[Any, Any, int | None, bool]) -> None:
+        self.fn, self.nested, self.nested_n_jobs, self.own = state
         self.home = -1  # unpickled: in another process
 
 

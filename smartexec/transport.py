@@ -90,11 +90,12 @@ from ._remote import (
     PROTOCOL,
     Call,
     ChunkResult,
+    OwnCalls,
     _Pickler,
+    own_arguments,
     pack_calls,
     remote_exception,
     run_chunk,
-    separate_calls,
     separate_outcomes,
     unpack_calls,
 )
@@ -382,6 +383,8 @@ def dumps_request(
             if isinstance(fn, CachedCallable):
                 fn = cache.callable_ref(fn, lease)
             calls = cache.substitute(chunk, lease)
+            if isinstance(chunk, OwnCalls) and not isinstance(calls, OwnCalls):
+                calls = OwnCalls(calls)  # (substitute copies it)
             prune = cache.prune_info()
         elif isinstance(fn, CachedCallable):
             fn = fn.fn
@@ -568,7 +571,7 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
         del data
         # Each call gets its own arguments and gives back its own result, as
         # one pickled per call would (ProcessPoolExecutor, chunksize=1).
-        result = separate_outcomes(run_chunk(fn, separate_calls(chunk), True, budget_s))
+        result = separate_outcomes(run_chunk(fn, own_arguments(chunk), True, budget_s))
         reply = ("ok", result)
         del fn, chunk
     _check_parent(owner)

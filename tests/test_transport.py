@@ -906,3 +906,21 @@ def test_a_map_over_one_template_gives_each_item_its_own_copy():
         got = [float(r.sum()) for r in ex.map(_shift, [template] * 40, chunksize=10)]
     assert got == [1000.0] * 40
     assert not template.any()
+
+
+def test_only_a_chunk_marked_own_is_separated():
+    """A callable that only reads its arguments shares a repeated one (sent once); a writer gets copies."""
+    from smartexec._remote import OwnCalls, PackedCalls, own_arguments, pack_calls
+
+    template = np.zeros(4)
+    shared = own_arguments(pack_calls([((template,), {}), ((template,), {})]))
+    assert isinstance(shared, PackedCalls) and shared.items[1] is template
+    owned = own_arguments(pack_calls(OwnCalls([((template,), {}), ((template,), {})])))
+    assert isinstance(owned, PackedCalls) and owned.items[1] is not template
+
+
+def test_a_map_marks_its_chunks_own_only_for_an_argument_writer():
+    from smartexec.effects import effects_of
+
+    assert effects_of(_shift).writes_arguments()
+    assert not effects_of(np.sum).writes_arguments()

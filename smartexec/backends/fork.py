@@ -74,7 +74,7 @@ from .._diagnose import (
     task_unpickling_error,
 )
 from .._identity import WeakCallable, identity_key
-from .._remote import Call, ChunkResult
+from .._remote import Call, ChunkResult, copy_calls
 from .._sender import Sender, pause_senders, quick_to_pickle
 from .._system import mark_worker_process
 from ..errors import InitializerError, TaskTimeoutError, WorkerCrashedError
@@ -1920,7 +1920,7 @@ class ForkBackend(Backend):
             name, since, digest, plain = fn.ref.name, fn.since, fn.digest, None
         else:
             target, keepalive, token, name, plain = fn, None, None, callable_name(fn), fn
-        calls = list(chunk)
+        calls = copy_calls(chunk)  # an OwnCalls chunk stays one
         task = _Task(Future(), None, keepalive, name, timeout_s, len(calls))
         blame = keepalive if keepalive is not None else fn
         inline = self._sender.idle() and quick_to_pickle(plain, calls)

@@ -51,7 +51,7 @@ from .._diagnose import (
     task_unpickling_error,
 )
 from .._futures import ChainedFuture
-from .._remote import Call, ChunkResult
+from .._remote import Call, ChunkResult, copy_calls
 from .._sender import Sender, quick_to_pickle
 from .._system import WORKER_ENV
 from ..errors import InitializerError, WorkerCrashedError
@@ -287,7 +287,7 @@ class LokyBackend(Backend):
             RuntimeError: after :meth:`shutdown`.
         """
         user_fn = fn.fn if isinstance(fn, transport.CachedCallable) else fn
-        calls = list(chunk)
+        calls = copy_calls(chunk)  # an OwnCalls chunk stays one
         future = _ReplyFuture(callable_name(user_fn))
         with self._lock:
             if self._closed:

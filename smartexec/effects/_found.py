@@ -81,6 +81,16 @@ class Effects:
             return None
         return next((e for e in self.found if route in OFF_ROUTES[e.kind]), None)
 
+    def writes_arguments(self) -> bool:
+        """Whether a call may write into its arguments (or its code could not be read).
+
+        Then each call in a worker gets arguments of its own
+        (:class:`~smartexec._remote.OwnCalls`), never one object shared by
+        several calls of a chunk. A declaration (:func:`thread_safe`) does not
+        change what the code writes.
+        """
+        return any(e.kind in ("argument", "unread") for e in self.found)
+
     def allows(self, route: str) -> bool:
         """Whether ``route`` computes what worker processes would (see :meth:`blocking`)."""
         return self.blocking(route) is None
