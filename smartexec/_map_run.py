@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _profiles
 from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
-from ._context import InContext
+from ._context import InContext, in_caller
 from ._mapping import (
     PICKLE_SAMPLE,
     TINY_ITEM_S,
@@ -179,6 +179,11 @@ class MapRun:
             if self.nested is not None:
                 self.backend = ex._backend("inline")
 
+    def in_caller(self) -> Callable[..., Any]:
+        """The callable as a loop in this thread runs it (see :func:`smartexec._context.in_caller`)."""
+        profile = self.decision.profile
+        return in_caller(self.fn, None if profile is None else profile.effects)
+
     # -- 2. how it starts
 
     @property
@@ -206,7 +211,7 @@ class MapRun:
             initialize = getattr(backend, "initialize", None)
             if initialize is not None and self.nested is None:
                 initialize()  # backend="inline" runs the initializer in this thread
-            return lazy_inline(InContext(self.fn), self.inputs, ex._stats.inline)
+            return lazy_inline(self.in_caller(), self.inputs, ex._stats.inline)
         # Items of a callable whose effects would reach this thread's state
         # (process state, its arguments) never run here (policy.permits).
         self.here_ok = permits(self.decision.profile, "inline", ex._options)
@@ -378,9 +383,8 @@ class MapRun:
             # Kept as the probe reads them: reading ahead would block map() on
             # a slow producer.
             items = _recording(items, head, PICKLE_SAMPLE, self.star)
-        self.run = run = InlineRun(
-            InContext(self.fn), items, self.estimate, self.star, ex._stats.inline
-        )
+        here = self.in_caller()
+        self.run = run = InlineRun(here, items, self.estimate, self.star, ex._stats.inline)
         self.prefix: list[Any] = []
         self.measured_now = self.estimate.per_item_s is None
         if self.measured_now or self.gil_check:
@@ -399,7 +403,8 @@ class MapRun:
     def _watch(self) -> None:
         """Run the next items on two threads while sampling the GIL; decide again on it."""
         ex, run = self.ex, self.run
-        watched = watch(run.fn, run.inputs, self.star, max_items=GIL_PROBE_MAX_ITEMS)
+        # On two threads: in copies of this thread's context (they start with none).
+        watched = watch(InContext(self.fn), run.inputs, self.star, max_items=GIL_PROBE_MAX_ITEMS)
         self.prefix += watched.results
         ex._stats.inline(len(watched.results), watched.profile.wall_s)
         run.items += len(watched.results)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _profiles, _threads
-from ._context import InContext
+from ._context import in_caller
 from ._mapping import (
     PICKLE_SAMPLE,
     ChunkStream,
@@ -471,7 +471,9 @@ class RoutedMap:
         assert self.relay is not None
         if verdict.target == "inline":
             stream.detach()
-            self.relay.append(InlineStream(InContext(self.fn), self.inputs, ex._stats.inline))
+            profile = decision.profile
+            here = in_caller(self.fn, None if profile is None else profile.effects)
+            self.relay.append(InlineStream(here, self.inputs, ex._stats.inline))
             # The process route's reasons no longer hold for its next maps,
             # and a GIL use measured now replaces one from an earlier run.
             ended = dataclasses.replace(

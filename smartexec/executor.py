@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
 from ._call_future import CallFuture as _CallFuture
-from ._context import InContext
+from ._context import InContext, in_caller
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
 from ._map_run import MapRun
@@ -1765,7 +1765,8 @@ class SmartExecutor(Executor):
                 "inline",
                 (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
             )
-            return lazy_inline(InContext(fn), inputs, self._stats.inline)
+            here = in_caller(fn, None if decision.profile is None else decision.profile.effects)
+            return lazy_inline(here, inputs, self._stats.inline)
         run = RoutedMap(self, fn, decision, estimate, backend, inputs, end_time, buffersize, dear)
         return run.start(remaining, ordered)
 

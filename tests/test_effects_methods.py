@@ -500,3 +500,53 @@ def calls_a_nested_function(x):
 @pytest.mark.parametrize("fn", [builds_a_dataclass, calls_a_nested_function])
 def test_dataclasses_and_nested_functions_stay_allowed(fn):
     assert routes(fn) == (True, True), effects_of(fn)
+
+
+# -- the caller's settings: a call that changes them stays off threads and the caller ----
+
+import contextvars  # noqa: E402 - beside the shapes that use it
+import decimal  # noqa: E402
+
+_RUN: contextvars.ContextVar[str] = contextvars.ContextVar("_RUN", default="")
+
+
+def sets_the_decimal_precision(digits):
+    decimal.getcontext().prec = digits
+    return str(decimal.Decimal(1) / decimal.Decimal(7))
+
+
+def sets_a_context_variable(i):
+    _RUN.set(str(i))
+    return _RUN.get()
+
+
+def reads_a_context_variable(i):
+    return f"{_RUN.get()}/{i}"
+
+
+def uses_a_local_decimal_context(digits):
+    with decimal.localcontext() as ctx:
+        ctx.prec = digits
+        return str(decimal.Decimal(1) / decimal.Decimal(7))
+
+
+@pytest.mark.parametrize("fn", [sets_the_decimal_precision, sets_a_context_variable])
+def test_changing_the_callers_settings_is_process_state(fn):
+    assert routes(fn) == (False, False), effects_of(fn)
+
+
+@pytest.mark.parametrize("fn", [reads_a_context_variable, uses_a_local_decimal_context])
+def test_reading_them_or_a_local_context_stays_allowed(fn):
+    assert routes(fn) == (True, True), effects_of(fn)
+
+
+def test_a_loop_in_the_caller_runs_a_clean_callable_itself():
+    from smartexec._context import InContext, in_caller
+
+    assert in_caller(reads_a_context_variable, effects_of(reads_a_context_variable)) is (
+        reads_a_context_variable
+    )
+    assert isinstance(
+        in_caller(sets_a_context_variable, effects_of(sets_a_context_variable)), InContext
+    )
+    assert isinstance(in_caller(reads_a_context_variable, None), InContext)

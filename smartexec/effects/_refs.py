@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextvars
 import functools
 import inspect
 import logging
@@ -15,6 +16,7 @@ from typing import Any, Literal
 from ._source import FunctionNode, params_of
 from ._tables import (
     CALLED_ONLY,
+    DECIMAL_MODULES,
     HOLDING_BUILTINS,
     IMMUTABLE,
     PASS_THROUGH,
@@ -78,6 +80,9 @@ def object_ref(obj: Any, label: str) -> Ref:
         return NOTHING  # each thread's own, as each worker process's is
     if isinstance(obj, logging.Logger):
         return root_ref(Root("process", f"the logger `{obj.name}`"))
+    if isinstance(obj, contextvars.ContextVar):
+        # The caller's own value in a loop there; a worker's copy on processes.
+        return root_ref(Root("process", f"the context variable `{obj.name}`"))
     if isinstance(obj, types.ModuleType):
         # A library's module attributes are settings of the whole process
         # (tempfile.tempdir); the user's own modules hold the user's state.
@@ -190,6 +195,8 @@ def result_ref(callee: Any, call: Call) -> Ref:
         return call.keywords["buffer"]  # a view of the buffer
     if name == "getLogger" and getattr(callee, "__module__", "") == "logging":
         return root_ref(Root("process", "a logger (`logging.getLogger`)"))
+    if name == "getcontext" and getattr(callee, "__module__", "") in DECIMAL_MODULES:
+        return root_ref(Root("process", "the decimal context (`decimal.getcontext`)"))
     if name in HOLDING_BUILTINS:
         return functools.reduce(Ref.__or__, call.args, call.spread).holding()
     if name == "globals" and getattr(callee, "__module__", "") == "builtins":

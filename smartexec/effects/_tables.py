@@ -57,6 +57,8 @@ PROCESS_STATE: dict[str, frozenset[str]] = {
     "numpy": frozenset({"seterr", "seterrcall", "set_printoptions", "setbufsize"}),
     "ctypes": frozenset({"memmove", "memset"}),
     "threadpoolctl": frozenset({"threadpool_limits"}),
+    "decimal": frozenset({"setcontext"}),
+    "_decimal": frozenset({"setcontext"}),
 }
 
 #: Modules every function of which acts on the whole process.
@@ -165,6 +167,8 @@ HOLDING_BUILTINS = frozenset(
     | {"filter", "frozenset", "copy", "chain", "islice", "nditer", "ndenumerate"}
     | {"split", "array_split", "hsplit", "vsplit", "dsplit", "unstack"}
 )
+#: The modules a decimal context comes from.
+DECIMAL_MODULES = ("decimal", "_decimal", "_pydecimal")
 #: What runs code the syntax tree does not show.
 UNREADABLE_BUILTINS = frozenset({"exec", "eval", "compile", "__import__", "breakpoint"})
 #: Module-level objects of the process itself.
@@ -285,6 +289,7 @@ _ALSO_MUTATING = frozenset({"setfield", "byteswap", "dump", "tofile", "set", "pu
 
 def _read_only_methods() -> dict[type, frozenset[str]]:
     import collections
+    import contextvars
     import datetime
     import decimal
     import fractions
@@ -312,6 +317,7 @@ def _read_only_methods() -> dict[type, frozenset[str]]:
         {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
         | {"isEnabledFor", "getEffectiveLevel", "getChild", "hasHandlers"}
     )
+    found[contextvars.ContextVar] = frozenset({"get", "name"})
     for lock in (threading.Lock(), threading.RLock()):
         found[type(lock)] = frozenset({"acquire", "release", "locked", "__enter__", "__exit__"})
     return found
