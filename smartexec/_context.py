@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["InContext", "in_caller"]
+__all__ = ["InContext", "in_caller", "on_threads"]
 
 
 class InContext:
@@ -106,3 +106,17 @@ def in_caller(fn: Callable[..., Any], effects: Any) -> Callable[..., Any]:
     if effects is not None and not effects.declared and effects.allows("inline"):
         return fn
     return InContext(fn)
+
+
+def on_threads(
+    fn: Callable[..., Any], context: contextvars.Context | None = None
+) -> Callable[..., Any]:
+    """``fn`` as pool threads run it: in a copy of ``context`` (None: this thread's, now).
+
+    ``fn`` itself when the context holds nothing: a pool thread's own empty
+    context is then what a worker process would start from, and a call's
+    changes there reach only later calls on that thread, as a worker's
+    reach its later calls. Else an :class:`InContext`.
+    """
+    context = contextvars.copy_context() if context is None else context
+    return fn if len(context) == 0 else InContext(fn, context)

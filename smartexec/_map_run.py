@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _profiles
 from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
-from ._context import InContext, in_caller
+from ._context import in_caller, on_threads
 from ._mapping import (
     PICKLE_SAMPLE,
     TINY_ITEM_S,
@@ -404,7 +404,7 @@ class MapRun:
         """Run the next items on two threads while sampling the GIL; decide again on it."""
         ex, run = self.ex, self.run
         # On two threads: in copies of this thread's context (they start with none).
-        watched = watch(InContext(self.fn), run.inputs, self.star, max_items=GIL_PROBE_MAX_ITEMS)
+        watched = watch(on_threads(self.fn), run.inputs, self.star, max_items=GIL_PROBE_MAX_ITEMS)
         self.prefix += watched.results
         ex._stats.inline(len(watched.results), watched.profile.wall_s)
         run.items += len(watched.results)

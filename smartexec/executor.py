@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
 from ._call_future import CallFuture as _CallFuture
-from ._context import InContext, in_caller
+from ._context import in_caller, on_threads
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
 from ._map_run import MapRun
@@ -1365,7 +1365,7 @@ class SmartExecutor(Executor):
 
             def send(call: Call, context: contextvars.Context) -> Future[ChunkResult]:
                 # In a copy of the submitter's context, not this thread's.
-                return _send(thread, InContext(fn, context), [call], None, None, stats)
+                return _send(thread, on_threads(fn, context), [call], None, None, stats)
 
             for future in calls:
                 origin = future._origin

@@ -83,3 +83,12 @@ def test_a_calls_own_changes_stay_its_own(settings, backend):
     assert got == [str(decimal.Context(prec=p).divide(1, 7)) for p in (5, 12, 30)]
     assert decimal.getcontext().prec == 40
     assert RUN_ID.get() == "run-7"
+
+
+def test_an_empty_context_costs_nothing_on_threads():
+    from smartexec._context import InContext, on_threads
+
+    assert on_threads(seventh, contextvars.Context()) is seventh
+    assert isinstance(on_threads(seventh, contextvars.copy_context()), InContext) == (
+        len(contextvars.copy_context()) > 0
+    )

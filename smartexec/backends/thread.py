@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import _initializer
 from .._blas import THREAD_CAP
-from .._context import InContext
+from .._context import on_threads
 from .._deadlines import call_later
 from .._remote import Call, ChunkResult, run_chunk
 from .._threads import _USER_CODE, running_user_code, user_code_ends, user_code_starts
@@ -282,7 +282,7 @@ class ThreadBackend(Backend):
 
     def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
         """``fn`` run in a copy of the submitting thread's context (see :mod:`smartexec._context`)."""
-        return InContext(fn)
+        return on_threads(fn)
 
     def unclocked(self, fn: Any) -> Any:
         """What to send in place of ``fn`` for chunks whose CPU seconds nobody reads.
@@ -382,7 +382,7 @@ class ThreadBackend(Backend):
             ThreadInitializerError: the initializer failed.
         """
         next(self._calls_in)  # first: release_idle() must not take the pool from under it
-        fn = InContext(fn, context)
+        fn = on_threads(fn, context)
         try:
             run = self._runners.get(on_done)
             if run is None:
