@@ -1601,9 +1601,8 @@ class SmartExecutor(Executor):
         calls). A submit that routes or pickles (a process route, or a
         callable not yet settled on threads) is made on one helper thread
         (``smartexec-async-submit``, in order), never in the loop's: the
-        loop's other tasks run meanwhile. The call starts when the coroutine
-        does; gather or wrap them in tasks to run several at once. asyncio's
-        default executor cannot be
+        loop's other tasks run meanwhile. The call starts when the coroutine does; gather or wrap them
+        in tasks to run several at once. asyncio's default executor cannot be
         a SmartExecutor (``loop.set_default_executor`` takes only a
         ``ThreadPoolExecutor``); see ``docs/faq.md``.
 
