@@ -9,11 +9,7 @@ does the same job with two differences that matter to smartexec's users:
   pending forever (asyncio futures refuse ``StopIteration``, and
   ``run_in_executor`` then never completes);
 * ``submit`` is only called once a running loop is found, so nothing is
-  started for a coroutine that cannot be awaited here;
-* a submit that may pickle or route (a process route, a callable not yet
-  settled on threads) is handed to another thread (``hop``), in order, so
-  that the loop's other tasks run meanwhile: done in the loop's thread,
-  CPU-bound calls on fork held a 10 ms ticker up to 56-112 ms.
+  started for a coroutine that cannot be awaited here.
 
 Cancellation is asyncio's: cancelling the awaiting task (``task.cancel()``,
 ``asyncio.timeout``, ``wait_for``) cancels the executor's future, which stops
@@ -25,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from typing import TypeVar
 
 __all__ = ["run_async"]
@@ -33,15 +29,12 @@ __all__ = ["run_async"]
 T = TypeVar("T")
 
 
-async def run_async(submit: Callable[[], Future[T]], hop: Executor | None = None) -> T:
+async def run_async(submit: Callable[[], Future[T]]) -> T:
     """Call ``submit()`` and wait for its future without blocking the event loop.
 
     Args:
         submit: starts the call and returns its future, e.g.
             ``functools.partial(executor.submit, fn, *args)``.
-        hop: where ``submit()`` runs (one thread keeps the submits in
-            order); None: in the loop's thread, for submits that only hand
-            the call to a pool thread.
 
     Returns:
         The call's result.
@@ -56,15 +49,7 @@ async def run_async(submit: Callable[[], Future[T]], hop: Executor | None = None
         BaseException: whatever the call raised, unchanged.
     """
     loop = asyncio.get_running_loop()
-    if hop is None:
-        future = submit()
-    else:
-        handed = hop.submit(submit)
-        try:
-            future = await asyncio.wrap_future(handed)
-        except asyncio.CancelledError:
-            handed.add_done_callback(_cancel_submitted)  # a call not started never runs
-            raise
+    future = submit()
     waiter: asyncio.Future[None] = loop.create_future()
 
     def wake(_: Future[T]) -> None:
@@ -86,11 +71,6 @@ async def run_async(submit: Callable[[], Future[T]], hop: Executor | None = None
         # concurrent.futures.CancelledError.
         raise asyncio.CancelledError()
     return future.result()
-
-
-def _cancel_submitted(handed: Future[Future[T]]) -> None:
-    if not handed.cancelled() and handed.exception() is None:
-        handed.result().cancel()
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -24,7 +24,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sized
-from concurrent.futures import BrokenExecutor, Executor, Future, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
@@ -648,7 +648,6 @@ class SmartExecutor(Executor):
         # Submits moved to threads by their figures, taken without the lock:
         # identity key -> (handle, verdict, backend.submit_call, stats recorder,
         # the calls a cheap verdict re-checks: ThreadCalls.calls, else ()).
-        self._async_hop: ThreadPoolExecutor | None = None  # see _hop
         self._fast_submits: dict[
             Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any, Sized]
         ] = {}
@@ -1598,10 +1597,7 @@ class SmartExecutor(Executor):
         ``await loop.run_in_executor(ex, fn, *args)`` with keyword arguments
         (no ``functools.partial``): the call goes through :meth:`submit`, so
         it is routed as a submit is (and a process route learns from its
-        calls). A submit that routes or pickles (a process route, or a
-        callable not yet settled on threads) is made on one helper thread
-        (``smartexec-async-submit``, in order), never in the loop's: the
-        loop's other tasks run meanwhile. The call starts when the coroutine does; gather or wrap them
+        calls). The call starts when the coroutine does; gather or wrap them
         in tasks to run several at once. asyncio's default executor cannot be
         a SmartExecutor (``loop.set_default_executor`` takes only a
         ``ThreadPoolExecutor``); see ``docs/faq.md``.
@@ -1626,23 +1622,7 @@ class SmartExecutor(Executor):
         """
         from . import _awaiting  # asyncio only for those who await (17 ms of import)
 
-        submit = functools.partial(self.submit, fn, *args, **kwargs)
-        return await _awaiting.run_async(
-            submit, None if self._settled_on_threads(fn) else self._hop()
-        )
-
-    def _settled_on_threads(self, fn: Callable[..., Any]) -> bool:
-        """Whether ``fn``'s submits go straight to a pool thread (no routing, no pickling)."""
-        fasts = self._fast_submits
-        fast = fasts.get(id(fn)) or fasts.get(identity_key(fn))
-        return fast is not None and fast[0].matches(fn)
-
-    def _hop(self) -> ThreadPoolExecutor:
-        """The one thread that makes ``run_async``'s other submits, in order, off the loop."""
-        with self._lock:
-            if self._async_hop is None:
-                self._async_hop = ThreadPoolExecutor(1, thread_name_prefix="smartexec-async-submit")
-            return self._async_hop
+        return await _awaiting.run_async(functools.partial(self.submit, fn, *args, **kwargs))
 
     def _chunk_sender(
         self, fn: Callable[..., Any], runner: Callable[[Decision], Callable[..., Any]]
@@ -2079,9 +2059,6 @@ class SmartExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
-            hop, self._async_hop = self._async_hop, None
-        if hop is not None:
-            hop.shutdown(wait=False)  # its submits, made or not, raise or run as any submit
         if wait and not cancel_futures:
             self._let_parked_go()
         with self._lock:
