@@ -1001,8 +1001,12 @@ def clear() -> int:
     return removed
 
 
-def earlier_run_reason(profile: StoredProfile) -> str:
-    """One sentence for a decision that starts from ``profile``."""
+def earlier_run_reason(profile: StoredProfile, starts_on: str | None = None) -> str:
+    """One sentence for a decision that starts from ``profile``.
+
+    ``starts_on``: the backend the decision starts on (its own reasons, such
+    as reading the code, may put it on threads whatever was stored), or None.
+    """
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(profile.saved_at))
     gil = "" if profile.gil is None else f", GIL use: {profile.gil.kind}"
     unit = "item" if profile.source == "map" else "call"
@@ -1022,7 +1026,8 @@ def earlier_run_reason(profile: StoredProfile) -> str:
         )
     head = f"measured {where} ({when}, {profile.items} items)"
     check = "a map re-checks it on its first chunks"
-    if not profile.from_this_process and profile.backend in ("thread", "inline"):
+    on_processes = starts_on not in ("thread", "inline")
+    if not profile.from_this_process and profile.backend in ("thread", "inline") and on_processes:
         check = (
             f"it starts on processes all the same: a move to {profile.backend} is "
             f"re-earned from this run's first chunks"

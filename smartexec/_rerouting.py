@@ -575,7 +575,8 @@ class Evidence:
             else ""
         )
         on_threads = (
-            f"; its threads used {self.process_cores:.1f} cores meanwhile{wanted} (kind: {kind})"
+            f"; its threads used {self.process_cores:.1f} cores meanwhile{wanted} "
+            + (f"(kind: {kind})" if kind is not None else "(kind: not settled yet)")
             if self.process_cores is not None
             else ""
         )

@@ -152,7 +152,7 @@ def _from_earlier_run(decision: Decision, stored: _profiles.StoredProfile | None
     """``decision`` with a reason saying it starts from ``stored``, when there is one."""
     if stored is None:
         return decision
-    reason = _profiles.earlier_run_reason(stored)
+    reason = _profiles.earlier_run_reason(stored, decision.backend)
     return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
 
 

@@ -578,3 +578,13 @@ def test_a_stored_profile_is_rechecked_by_fresh_evidence():
         )
     finally:
         forget(work)
+
+
+def test_the_earlier_run_sentence_agrees_with_where_the_decision_starts():
+    # A fresh user saw "it starts on processes all the same" under a
+    # decision that its code had already put on threads.
+    stored = profiles.StoredProfile("thread", 0.002, None, 0.0, 64, 0.0)
+    assert "starts on processes all the same" in profiles.earlier_run_reason(stored, "fork")
+    on_threads = profiles.earlier_run_reason(stored, "thread")
+    assert "processes all the same" not in on_threads
+    assert "re-checks it on its first chunks" in on_threads
