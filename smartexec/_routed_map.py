@@ -298,17 +298,7 @@ class RoutedMap:
         stream = self.relay.streams[-1]
         assert isinstance(stream, ChunkStream)
         evidence = self.evidence
-        # A later look at items over CHEAP_ITEM_S refreshes figures, moves
-        # nothing; unless the stay was noted with no GIL kind to price the
-        # items on and the chunks agree on one now (a map on threads whose
-        # first chunks came back before the pool's clocks could be read): the
-        # first look that could price it decides.
-        kind_found_late = (
-            evidence.stay_noted and evidence.noted_kind is None and evidence.kind is not None
-        )
-        refresh_only = (
-            evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S and not kind_found_late
-        )
+        kind_found_late, refresh_only = self.look()
         if refresh_only and not stream.input_read and evidence.recheck_stay():
             # Dear items keep their route at a later look; their figures are
             # taken again at the last one only (a look costs ~0.2 ms of this
@@ -317,13 +307,8 @@ class RoutedMap:
         if self.backend.name not in ("fork", "loky", "thread"):
             # A plugin's or a cluster's backend (dask): the user chose to
             # run there; the figures are kept, the route is not changed.
-            ex._note(
-                self.decision,
-                self.estimate,
-                self.backend.name,
-                (evidence.describe(),),
-                measured=True,
-            )
+            said = (evidence.describe(),)
+            ex._note(self.decision, self.estimate, self.backend.name, said, measured=True)
             return True
         gil = evidence.profile()
         candidates, alternative = self.candidates(ex, gil)
@@ -353,14 +338,10 @@ class RoutedMap:
         # weighs more): the first look's words stay, unless they had no GIL
         # kind to price the items on and this look has one; its figures
         # still go to the profile.
-        reworded = (
-            replaces is None
-            or kind_found_late
-            or (
-                not stream.input_read
-                and (stream.remaining is None or stream.remaining >= evidence.items)
-            )
+        before_the_tail = not stream.input_read and (
+            stream.remaining is None or stream.remaining >= evidence.items
         )
+        reworded = replaces is None or kind_found_late or before_the_tail
         self.estimate.loop_here = starts_in_loop(verdict.target, evidence.per_item_s)
         ended = self.move(ex, verdict, alternative, stream, gil)
         stays = verdict.target is None or (verdict.target != "inline" and alternative is None)
@@ -380,6 +361,24 @@ class RoutedMap:
             evidence.stay_noted = True
             return False
         return True
+
+    def look(self) -> tuple[bool, bool]:
+        """``(kind_found_late, refresh_only)`` for this look at the evidence.
+
+        A later look at items over CHEAP_ITEM_S refreshes figures, moves
+        nothing; unless the stay was noted with no GIL kind to price the
+        items on and the chunks agree on one now (a map on threads whose
+        first chunks came back before the pool's clocks could be read): the
+        first look that could price it decides.
+        """
+        evidence = self.evidence
+        kind_found_late = (
+            evidence.stay_noted and evidence.noted_kind is None and evidence.kind is not None
+        )
+        refresh_only = (
+            evidence.stay_noted and evidence.per_item_s >= CHEAP_ITEM_S and not kind_found_late
+        )
+        return kind_found_late, refresh_only
 
     def candidates(
         self, ex: SmartExecutor, gil: GilProfile | None
