@@ -89,7 +89,11 @@ class _Batch:
         # A callable that writes into its arguments gets its own in a worker.
         self.own = effects_of(fn).writes_arguments()
 
-    def __call__(self, calls: list[Call]) -> list[Any]:
+    def __call__(
+        self, layout: tuple[tuple[int, tuple[str, ...]], ...], /, *values: Any
+    ) -> list[Any]:
+        """Run the batch's calls, given flat (see :func:`_flat`), in order."""
+        calls = _unflat(layout, values)
         # A nested Parallel configures the backend object it finds: a copy per
         # batch, as joblib makes one per batch (batches on threads run at once).
         nested = copy.copy(self.nested)
@@ -114,6 +118,30 @@ class _Batch:
     def __setstate__(self, state: tuple[Any, Any, int | None, bool]) -> None:
         self.fn, self.nested, self.nested_n_jobs, self.own = state
         self.home = -1  # unpickled: in another process
+
+
+def _flat(calls: list[Call]) -> tuple[Any, ...]:
+    """A batch's calls as one call's arguments: ``(layout, *every argument)``.
+
+    Each task's arguments are then arguments of the chunk's one call, where
+    the process backends' send-once cache finds a big one repeated across
+    batches (a 200 MB array passed to every task goes once to each worker,
+    as ``map`` sends it), not pickled inside a list with every batch.
+    """
+    layout = tuple((len(args), tuple(kwargs)) for args, kwargs in calls)
+    return (layout, *(v for args, kwargs in calls for v in (*args, *kwargs.values())))
+
+
+def _unflat(layout: tuple[tuple[int, tuple[str, ...]], ...], values: tuple[Any, ...]) -> list[Call]:
+    """The calls :func:`_flat` flattened."""
+    calls: list[Call] = []
+    at = 0
+    for n, names in layout:
+        args = values[at : at + n]
+        kwargs = dict(zip(names, values[at + n : at + n + len(names)]))
+        calls.append((args, kwargs))
+        at += n + len(names)
+    return calls
 
 
 def _same_objects(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
@@ -484,7 +512,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
                 calls = [((f, *args), dict(kwargs)) for f, args, kwargs in items]
             else:
                 calls = [(tuple(args), dict(kwargs)) for _, args, kwargs in items]
-            future = send([((calls,), {})])
+            future = send([(_flat(calls), {})])
         if callback is not None:
             future.add_done_callback(callback)
         return future

@@ -388,3 +388,37 @@ def test_parallels_timeout_in_unordered_mode_lets_a_long_call_finish():
 def wait_then_return(seconds):
     time.sleep(seconds)
     return seconds
+
+
+class _Table:
+    """A big argument (~2 MB pickled)."""
+
+    def __init__(self) -> None:
+        self.rows = list(range(400_000))
+
+
+def _row(table, i):
+    return table.rows[i]
+
+
+@pytest.mark.timeout(120)
+def test_a_big_argument_repeated_across_batches_is_sent_once_per_worker(monkeypatch):
+    # Issue 34: each batch's tasks are the chunk's arguments, where the
+    # send-once cache finds the repeat; it was pickled inside every batch.
+    from smartexec import transport
+
+    sizes: list[int] = []
+    real = transport.dumps_request
+
+    def measured(*args, **kwargs):
+        data, lease = real(*args, **kwargs)
+        sizes.append(len(data))
+        return data, lease
+
+    monkeypatch.setattr(transport, "dumps_request", measured)
+    table = _Table()
+    with parallel_config(backend=SmartBackend(backend="fork"), n_jobs=2):
+        got = Parallel(batch_size=1)(delayed(_row)(table, i) for i in range(16))
+    assert got == list(range(16))
+    assert len(sizes) == 16
+    assert sum(size > 1_000_000 for size in sizes) <= 2, sizes  # was 16: every batch
