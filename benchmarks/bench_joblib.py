@@ -9,6 +9,9 @@ Three workloads, each a plain ``Parallel(n_jobs)(delayed(f)(x) for x in items)``
    100 MB array and each call reads a little of it (loky memmaps the array to a
    file for each call; smartexec's fork workers inherit it by copy-on-write).
 3. **tiny items**: 20,000 calls of a one-line function (both auto-batch).
+4. **repeated array**: one array of ``--big-mb`` MB passed as the argument of
+   16 tasks, each summing a slice of it (loky memmaps it to a file once;
+   smartexec's send-once cache gives it to each worker once).
 
 Every contender gets the same items and must return the serial loop's results.
 Rounds are interleaved (loky, smartexec, then smartexec, loky, ...) and each
@@ -60,6 +63,12 @@ def tiny(x: int) -> int:
     return x * 2 + 1
 
 
+def slice_sum(array: np.ndarray, i: int) -> float:
+    """Sum a thousandth of ``array``, from the ``i``-th part on."""
+    step = max(1, array.size // 1000)
+    return float(array[i * step : (i + 1) * step].sum())
+
+
 def loop_for(seconds: float) -> int:
     """Iterations of python_work that take about ``seconds`` here."""
     n = 20_000
@@ -83,10 +92,14 @@ def workloads(big_bytes: int) -> list[tuple[str, object]]:
     def tinies():
         return [delayed(tiny)(x) for x in range(20_000)]
 
+    def repeated():
+        return [delayed(slice_sum)(model.weights, i) for i in range(16)]
+
     return [
         ("closure (400 x 1 ms)", closure),
         (f"big bound method ({big_bytes >> 20} MB, 200 items)", bound),
         ("tiny items (20,000)", tinies),
+        (f"repeated array ({big_bytes >> 20} MB, 16 tasks)", repeated),
     ]
 
 
