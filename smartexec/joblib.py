@@ -50,7 +50,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
 from ._identity import identity_key
 from ._remote import Call, ChunkResult, separate_calls, separated, unpack_calls
 from ._system import current_platform
-from .effects import effects_of, process_local_reason
+from .effects import process_local_reason
 from .executor import SmartExecutor
 from .inspection import callable_name
 from .policy import Decision
@@ -81,13 +81,14 @@ class _Batch:
 
     __slots__ = ("fn", "nested", "nested_n_jobs", "home", "own", "__weakref__")
 
-    def __init__(self, fn: Callable[..., Any], nested: Any, nested_n_jobs: int | None):
+    def __init__(self, fn: Callable[..., Any], nested: Any, nested_n_jobs: int | None, own: bool):
         self.fn = fn
         self.nested = nested
         self.nested_n_jobs = nested_n_jobs
         self.home = os.getpid()
-        # A callable that writes into its arguments gets its own in a worker.
-        self.own = effects_of(fn).writes_arguments()
+        # A callable that writes into its arguments gets its own in a worker
+        # (from the routing's own reading of its effects).
+        self.own = own
 
     def __call__(
         self, layout: tuple[tuple[int, tuple[str, ...]], ...], /, *values: Any
@@ -472,7 +473,9 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
                     _is_function(fn) or (decision.share and mode == "same")
                 )
                 chosen.append(each)
-                return _Batch(_call if each else fn, nested, nested_n_jobs)
+                profile = decision.profile
+                own = profile is None or profile.effects.writes_arguments()
+                return _Batch(_call if each else fn, nested, nested_n_jobs, own)
 
             _, send = executor._chunk_sender(fn, runner)
             # Holding fn keeps the objects same_function compares alive for
