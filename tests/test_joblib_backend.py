@@ -422,3 +422,25 @@ def test_a_big_argument_repeated_across_batches_is_sent_once_per_worker(monkeypa
     assert got == list(range(16))
     assert len(sizes) == 16
     assert sum(size > 1_000_000 for size in sizes) <= 2, sizes  # was 16: every batch
+
+
+@pytest.mark.timeout(120)
+def test_a_repeated_argument_changed_between_batches_is_seen_changed():
+    # The send-once cache must never serve a copy older than the object:
+    # a batch sent after an in-place change sees the change, as a pickled
+    # argument would.
+    table = _Table()
+
+    def tasks():
+        for i in range(16):
+            if i == 8:
+                table.rows[0] = -1  # in place, between batches
+            yield delayed(_row)(table, 0)
+
+    with parallel_config(backend=SmartBackend(backend="fork"), n_jobs=2):
+        got = Parallel(batch_size=1, pre_dispatch="1")(tasks())
+    # Every task made after the change sees it, never a stale copy. (A task
+    # made before it may see it too: as with ProcessPoolExecutor, an
+    # argument is pickled some time after submit, off the caller's thread.)
+    assert got[8:] == [-1] * 8
+    assert set(got[:8]) <= {0, -1}
