@@ -76,6 +76,8 @@ import threading
 import time
 from typing import Any
 
+from ._system import deferred_interrupts
+
 __all__ = [
     "PREFIX",
     "available",
@@ -282,6 +284,18 @@ def create(data: memoryview, *, owner: int | None = None, named: bool = True) ->
     view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
     if owner is not None:
         release_acknowledged()
+    handle = None
+    try:
+        with deferred_interrupts():  # a Ctrl-C waits until the registry holds it
+            handle = _make(view, owner, named)
+    except BaseException:
+        if handle is not None:  # made, then a Ctrl-C held meanwhile: let it go
+            unlink(handle)
+        raise
+    return handle
+
+
+def _make(view: memoryview, owner: int | None, named: bool) -> str:
     if anonymous():
         try:
             return _create_anonymous(view, reply=owner is not None)

@@ -11,8 +11,12 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "Platform",
@@ -20,6 +24,7 @@ __all__ = [
     "usable_cpu_count",
     "fork_is_available",
     "mark_worker_process",
+    "deferred_interrupts",
     "WORKER_ENV",
 ]
 
@@ -148,3 +153,41 @@ def current_platform() -> Platform:
         python=(sys.version_info[0], sys.version_info[1]),
         in_worker=os.environ.get(WORKER_ENV) == "1",
     )
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block until the block ends.
+
+    For the few steps that make a resource and hand it to its owner (a
+    shared-memory segment to its registry, a chunk's segments to its future):
+    a ``KeyboardInterrupt`` raised between two of them (Python raises it at any
+    bytecode, and inside any lock wait of the main thread) would leave the
+    resource with no owner until the interpreter exits. Python runs signal
+    handlers in the main thread only, so elsewhere this does nothing; so too
+    when SIGINT has no Python handler (``SIG_IGN``, ``SIG_DFL``). The
+    program's own handler is put back, and called once the block ends if
+    SIGINT arrived meanwhile, whatever the block raised. Nested blocks defer
+    to the outermost.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or getattr(previous, "_smartexec_deferring", False):
+        yield
+        return
+    held: list[Any] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(frame)
+
+    hold._smartexec_deferring = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:  # else the program changed it meanwhile
+            signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(signal.SIGINT, held[0])

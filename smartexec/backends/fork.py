@@ -76,7 +76,7 @@ from .._diagnose import (
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult, copy_calls
 from .._sender import Sender, pause_senders, quick_to_pickle
-from .._system import mark_worker_process
+from .._system import deferred_interrupts, mark_worker_process
 from ..errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend, check_open_files, forced_by
@@ -1924,10 +1924,28 @@ class ForkBackend(Backend):
         task = _Task(Future(), None, keepalive, name, timeout_s, len(calls))
         blame = keepalive if keepalive is not None else fn
         inline = self._sender.idle() and quick_to_pickle(plain, calls)
-        if inline:  # pickled before it is queued: one wake-up, nothing to wait for
-            self._pickle(task, target, calls, budget_s, blame, inline=True)
-            if task.future.done():
-                return task.future  # it could not be pickled
+        # Pickled before it is queued: one wake-up, nothing to wait for. A
+        # Ctrl-C waits until the chunk's segments are its future's.
+        with deferred_interrupts() if inline else contextlib.nullcontext():
+            if inline:
+                self._pickle(task, target, calls, budget_s, blame, inline=True)
+                if task.future.done():
+                    return task.future  # it could not be pickled
+            self._queue_task(fn, task, token, since, digest, inline)
+        if not inline:
+            self._sender.put(lambda: self._pickle(task, target, calls, budget_s, blame))
+        return task.future
+
+    def _queue_task(
+        self,
+        fn: Any,
+        task: _Task,
+        token: Any,
+        since: int | None,
+        digest: bytes | None,
+        inline: bool,
+    ) -> None:
+        """Hand ``task`` to the pool that covers its snapshot (forking it here if new)."""
         try:
             with self._lock:  # no other thread may retire the pool in between
                 # In this thread: a new pool forks its zygote here, never in the sender.
@@ -1947,9 +1965,6 @@ class ForkBackend(Backend):
             if inline:
                 task.future.cancel()  # releases its lease
             raise
-        if not inline:
-            self._sender.put(lambda: self._pickle(task, target, calls, budget_s, blame))
-        return task.future
 
     def _pickle(
         self,

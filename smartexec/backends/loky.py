@@ -53,7 +53,7 @@ from .._diagnose import (
 from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult, copy_calls
 from .._sender import Sender, quick_to_pickle
-from .._system import WORKER_ENV
+from .._system import WORKER_ENV, deferred_interrupts
 from ..errors import InitializerError, WorkerCrashedError
 from ..inspection import callable_name
 from ._base import Backend, check_open_files, forced_by
@@ -294,17 +294,20 @@ class LokyBackend(Backend):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if self._pool is None:
                 self._pool = self._new_pool()
-        inline = self._sender.idle() and quick_to_pickle(fn, calls)
-        if inline:  # pickled before it is queued
+        if not (self._sender.idle() and quick_to_pickle(fn, calls)):
+            with self._lock:
+                self._queue.append(future)
+            self._sender.put(lambda: self._pickle(future, fn, user_fn, calls, budget_s))
+            return future
+        # Pickled before it is queued; a Ctrl-C waits until the chunk's
+        # segments are its future's and the future is queued (or failed).
+        with deferred_interrupts():
             self._pickle(future, fn, user_fn, calls, budget_s, inline=True)
             if future.done():
                 return future  # it could not be pickled
-        with self._lock:
-            self._queue.append(future)
-        if inline:
-            self._feed()
-        else:
-            self._sender.put(lambda: self._pickle(future, fn, user_fn, calls, budget_s))
+            with self._lock:
+                self._queue.append(future)
+        self._feed()
         return future
 
     def _pickle(

@@ -393,6 +393,60 @@ def test_ctrl_c_on_loky_lets_go_of_the_maps_memory_at_once(memory, monkeypatch):
     assert "without left 0" in result.stdout, result.stdout + result.stderr
 
 
+def interrupt_after(real):
+    """``real``, then a Ctrl-C to this process (raised at the next bytecode)."""
+
+    def wrapped(*args, **kwargs):
+        out = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    "memory, step", [("named", "_track"), ("named", "_fill"), ("anonymous", "_fill")]
+)
+def test_ctrl_c_while_a_segment_is_made_leaves_nothing(memory, step, monkeypatch):
+    """CI, 2026-12: a Ctrl-C between making a named segment and registering it
+    with the resource tracker left the segment until exit (and the tracker
+    then printed a ``KeyError``): ``create`` either returns a handle its
+    registry holds, or raises with nothing left.
+    """
+    if memory == "anonymous" and not _shm.anonymous():
+        pytest.skip("no memfd_create or /proc here")
+    if memory == "named":
+        monkeypatch.setattr(_shm, "anonymous", lambda: False)
+    monkeypatch.setattr(_shm, step, interrupt_after(getattr(_shm, step)))
+    before = segments_of(os.getpid())
+    with pytest.raises(KeyboardInterrupt):
+        _shm.create(memoryview(np.ones(MiB)))
+    assert segments_of(os.getpid()) == before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctrl_c_while_a_chunk_is_queued_leaves_nothing(backend, monkeypatch):
+    """A Ctrl-C between pickling a chunk (its segments made) and handing them
+    to its future waits until the chunk is queued: it runs, and its segments
+    go when it is done, not at the interpreter's exit.
+    """
+    from smartexec import transport
+    from smartexec.backends import fork, loky
+
+    monkeypatch.setattr(
+        transport.Lease, "release_when_done", interrupt_after(transport.Lease.release_when_done)
+    )
+    kind = fork.ForkBackend if backend == "fork" else loky.LokyBackend
+    pool = kind(1, 2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.submit_chunk(total, [((np.ones(MiB),), {})])
+    finally:
+        pool.shutdown(wait=True)
+    assert [n for n in segments_of(os.getpid()) if "_w" not in n] == []
+
+
 def test_an_idle_loky_worker_exits_soon_after_its_parent_is_killed():
     """Issue 13: orphaned loky workers lived on (and kept loky's resource tracker alive)."""
     proc = start_python(
