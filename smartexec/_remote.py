@@ -30,7 +30,7 @@ import cloudpickle
 
 from . import _memmap
 from .errors import RemoteError, RemoteTraceback, ResultPicklingError
-from .gil import GilSampler
+from .gil import MIN_WATCH_S, GilSampler
 
 __all__ = [
     "ChunkResult",
@@ -354,8 +354,8 @@ WATCH_AFTER_S = 0.001
 
 #: Seconds of work a chunk's remaining items must promise (at its pace so
 #: far) for a watch to start part-way: what the parent counts as a watch
-#: (:data:`smartexec._rerouting.MIN_WATCH_S`), several sampling periods.
-MIN_WATCHED_S = 0.002
+#: (:data:`smartexec.gil.MIN_WATCH_S`), several sampling periods.
+MIN_WATCHED_S = MIN_WATCH_S
 
 #: Most items a chunk runs between two reads of the clock while its watch
 #: may still start.

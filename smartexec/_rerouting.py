@@ -15,7 +15,7 @@ Decisions must not flip between identical runs, nor on one noisy sample:
 * the per-item time is the median over chunks (one stalled chunk, 100x
   slower than the rest, moves it by at most one rank);
 * a GIL kind counts only when every watch long enough to see the GIL
-  (:data:`MIN_WATCH_S`) agrees on it;
+  (:data:`~smartexec.gil.MIN_WATCH_S`) agrees on it;
 * a map changes route at most once, only to a route predicted at least
   :data:`SWITCH_GAIN` times faster, and by at least :data:`SWITCH_MIN_S`
   seconds: a near-tie stays where it is, on every run.
@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gil import IDLE_TICK_S, GilKind, GilProfile, classify
+from .gil import IDLE_TICK_S, MIN_WATCH_S, GilKind, GilProfile, classify
 from .inspection import format_seconds
 from .tuning import predict_s
 
@@ -37,15 +37,9 @@ __all__ = [
     "Reroute",
     "reroute",
     "predict_s",
-    "MIN_WATCH_S",
     "SWITCH_GAIN",
     "SWITCH_MIN_S",
 ]
-
-#: A GIL watch shorter than this (seconds) is too short to tell holding the
-#: GIL from releasing it (the sampler wakes every 0.5 ms, and its start
-#: takes a few hand-overs): its CPU share still counts.
-MIN_WATCH_S = 0.002
 
 #: A route must be predicted this many times faster than the running one.
 SWITCH_GAIN = 1.3
@@ -115,7 +109,7 @@ class Evidence:
             it computed half the time or more, else its wall time).
         cpu_share: per chunk, CPU seconds over wall seconds (0..1).
         watches: the GIL watches (``GilProfile``) of at least
-            :data:`MIN_WATCH_S` seconds.
+            :data:`~smartexec.gil.MIN_WATCH_S` seconds.
         items: items measured.
         n_workers: workers of the backend that ran them.
         on_threads: the items ran on threads of this process.
@@ -199,7 +193,7 @@ class Evidence:
         self.weights.append(n_items)
         if compute_s > 0:
             self.cpu_share.append(min(1.0, max(cpu_s, 0.0) / compute_s))
-        if isinstance(gil, GilProfile) and gil.wall_s >= MIN_WATCH_S:
+        if isinstance(gil, GilProfile) and gil.telling:
             self.watches.append(gil)
 
     def ready(self) -> bool:
@@ -372,7 +366,7 @@ class Evidence:
         The kind of the watches' median CPU and GIL shares, when at least
         two watches and two thirds of them are of that kind (one watch
         disturbed by a busy machine is outvoted, not averaged in); or one
-        watch of at least ten times :data:`MIN_WATCH_S`. With no watch, a
+        watch of at least four times :data:`~smartexec.gil.MIN_WATCH_S` (20 ms). With no watch, a
         callable whose chunks used under a fifth of a CPU (median) waits:
         under a competing process, computing chunks still get about half a
         CPU each, and unwatched figures are not corrected for time queued.
@@ -392,7 +386,7 @@ class Evidence:
         )
         agree = sum(w.kind == kind for w in watches)
         if len(watches) == 1:
-            return kind if watches[0].wall_s >= 10 * MIN_WATCH_S else None
+            return kind if watches[0].wall_s >= 4 * MIN_WATCH_S else None
         return kind if agree >= 2 and 3 * agree >= 2 * len(watches) else None
 
     def _kind_on_threads(self, cores: float) -> GilKind | None:

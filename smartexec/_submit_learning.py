@@ -22,7 +22,7 @@ better, for one of three reasons:
 * **releases**: the workers' GIL watches (each call's chunk while the
   callable's watch budget lasts, :data:`~smartexec._remote.WATCH_S`) found it
   computing without the GIL (numpy, hashlib, zlib on big data): threads run
-  it in parallel. Watches of calls shorter than :data:`MIN_WATCH_S` (5 ms)
+  it in parallel. Watches shorter than :data:`~smartexec.gil.MIN_WATCH_S` (5 ms)
   are not kept: the sampler wakes every 0.5 ms, its start is delayed by up to
   a switch interval (5 ms) by a thread holding the GIL, and its start and
   join count in the watch's time: 2 ms pure-Python calls read 30-45 % on the
@@ -108,7 +108,6 @@ __all__ = [
     "AGREE",
     "CHEAP_CALL_S",
     "MIN_WATCHES",
-    "MIN_WATCH_S",
     "SEND_AHEAD_PER_WORKER",
     "send_ahead",
     "RECHECK_CALLS",
@@ -150,9 +149,6 @@ CHEAP_CALL_S = 50e-6
 
 #: GIL watches needed for a *releases* verdict.
 MIN_WATCHES = 2
-
-#: Watches of calls shorter than this are too short to tell the GIL's use.
-MIN_WATCH_S = 0.005
 
 #: Calls on threads a *cheap* verdict is re-checked on: once this many more
 #: have completed, the next submit takes the median of the newest this many.
@@ -283,7 +279,7 @@ def judge(
     Args:
         calls: the figures of completed calls, any order.
         watches: GIL watches of those calls' chunks, of calls of at least
-            :data:`MIN_WATCH_S` (shorter ones are not kept).
+            :data:`~smartexec.gil.MIN_WATCH_S` (shorter ones are not kept).
         backend: the process backend the calls ran on (for the reason).
 
     Returns:
@@ -372,7 +368,7 @@ class SubmitLearner:
             if entry.verdict is not None:
                 return None
             entry.calls.append((result.compute_s, result.cpu_s, send_s))
-            if isinstance(result.gil, GilProfile) and result.compute_s >= MIN_WATCH_S:
+            if isinstance(result.gil, GilProfile) and result.gil.telling:
                 entry.watches.append(result.gil)
             entry.verdict = judge(list(entry.calls), list(entry.watches), backend)
             return entry.verdict

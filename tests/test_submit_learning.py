@@ -26,7 +26,6 @@ from smartexec._submit_learning import (
     CHEAP_CALL_S,
     DEAR_FACTOR,
     MIN_CALLS,
-    MIN_WATCH_S,
     RECHECK_CALLS,
     Learned,
     SubmitLearner,
@@ -34,7 +33,7 @@ from smartexec._submit_learning import (
     contradiction,
     judge,
 )
-from smartexec.gil import GilProfile
+from smartexec.gil import MIN_WATCH_S, GilProfile
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -137,7 +136,9 @@ def test_releasing_calls_need_agreeing_watches():
 
 def test_watches_of_short_calls_are_not_kept():
     learner = SubmitLearner()
-    short = ChunkResult([(True, None)], MIN_WATCH_S / 2, MIN_WATCH_S / 2, _releases())
+    short = ChunkResult(
+        [(True, None)], MIN_WATCH_S / 2, MIN_WATCH_S / 2, _releases(MIN_WATCH_S / 2)
+    )
     for _ in range(MIN_CALLS):
         learner.record(waits, short, 1e-4, "fork")
     assert learner.verdict(waits) is None
@@ -880,3 +881,19 @@ def test_a_cheap_verdict_gives_way_when_the_calls_hold_the_gil():
         # Every call that ran here is counted, those timed for the re-check too.
         ran_here = (cheap + dear).count(me)
         assert ex.stats().backends["thread"].items == ran_here
+
+
+def test_a_map_and_submits_count_the_same_watches():
+    """Issue 33: one threshold says whether a watch is long enough to tell the GIL's use."""
+    from smartexec._rerouting import Evidence
+
+    short, long = _releases(MIN_WATCH_S * 0.8), _releases(MIN_WATCH_S * 1.2)
+    found = Evidence(2)
+    found.add(1, 0.01, 0.01, short)
+    found.add(1, 0.01, 0.01, long)
+    assert found.watches == [long]
+    learner = SubmitLearner()
+    for watch in (short, long):
+        learner.record(waits, ChunkResult([(True, None)], 0.01, 0.01, watch), 1e-4, "fork")
+    key = next(iter(learner._evidence))
+    assert list(learner._evidence[key].watches) == [long]
