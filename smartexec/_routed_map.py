@@ -35,7 +35,7 @@ from ._remote import Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, Reroute, reroute
 from .backends._base import Backend
 from .gil import IDLE_TICK_S, GilProfile, remember
-from .policy import Decision, decide, permits
+from .policy import Decision, alternatives, permits
 from .registry import get_backend_class
 from .tuning import Estimate
 from .tuning import chunksize as tuned_chunksize
@@ -401,14 +401,14 @@ class RoutedMap:
             alternative = dataclasses.replace(decision, backend="thread", share=False)
         if off_processes and permits(profile, "inline", options):
             candidates["inline"] = (1, 0.0)
-        if backend.name == "thread" and options.prefer != "threads" and gil is not None:
+        if backend.name == "thread" and gil is not None:
             assert profile is not None
-            holds = dataclasses.replace(gil, kind="holds")
             # This map's own chunks run on the pool's threads now: they do
             # not count (the move sends the rest of this very map elsewhere).
             others = len(_threads.census(own_user_code=False).running)
-            target = decide(profile, ex._platform, options, holds, others)
-            if target.backend in ("fork", "loky") and not target.share:
+            found = alternatives(profile, ex._platform, options, others)
+            target = next((d for r, d in found.items() if r in ("fork", "loky")), None)
+            if target is not None:
                 factory = _backend_class(target.backend)
                 workers = ex._max_workers or factory.default_workers(cpus)
                 started = target.backend in ex._started

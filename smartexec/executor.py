@@ -47,7 +47,6 @@ from ._reasons import (
     INITIALIZER_BY_VALUE,
     INITIALIZER_BY_VALUE_RULE,
     LAST_MAP_RULE,
-    MEASURED_RULE,
     Reason,
     measured_reasons,
     reasons_off_processes,
@@ -79,9 +78,11 @@ from .gil import (
 from .inspection import callable_name, inspect_callable, payload_size
 from .policy import (
     BIG_STATE_BYTES,
+    ELSEWHERE_THREADS,
     PREFER_VALUES,
     Decision,
     Options,
+    alternatives,
     decide,
     permits,
     stoppable,
@@ -925,14 +926,12 @@ class SmartExecutor(Executor):
             # Its kind says threads, but its last map stayed on (or moved to)
             # processes on the figures: start there, or runs would alternate.
             assert decision.profile is not None
-            holds = GilProfile("holds", stored.items, 0.0, 1.0, 1.0, 0)
-            target = decide(
-                decision.profile, self._platform, self._options, holds, _other_threads()
-            )
-            if target.backend in ("fork", "loky") and not target.share:
-                # The threads reasons do not hold for this route, nor do the
-                # "holds" figures the target was decided with (none measured).
-                kept = tuple(r for r in target.reasons[1:] if rule_of(r) != MEASURED_RULE)
+            found = alternatives(decision.profile, self._platform, self._options, _other_threads())
+            target = next((d for r, d in found.items() if r in ("fork", "loky")), None)
+            if target is not None:
+                # The threads reasons do not hold for this route, nor does
+                # the alternative's own "off threads" reason (this one says why).
+                kept = tuple(r for r in target.reasons[1:] if r is not ELSEWHERE_THREADS)
                 return dataclasses.replace(
                     target,
                     gil=decision.gil,

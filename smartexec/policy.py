@@ -81,6 +81,8 @@ __all__ = [
     "Reason",
     "rule_of",
     "decide",
+    "alternatives",
+    "ELSEWHERE_THREADS",
     "permits",
     "stoppable",
     "BIG_STATE_BYTES",
@@ -213,13 +215,25 @@ def decide(
     Returns:
         A :class:`Decision` whose ``reasons`` say why, in order.
     """
+    return _decide_all(profile, platform, options, measured, other_threads)
+
+
+def _decide_all(
+    profile: CallableProfile,
+    platform: Platform,
+    options: Options,
+    measured: GilProfile | None,
+    other_threads: int,
+    off_threads: bool = False,
+) -> Decision:
+    """The table, then the overrides: :func:`decide`'s body (``off_threads``: see :func:`_decide`)."""
     fork_off = options.start_method not in (None, "fork") and platform.has_fork
     if fork_off:
-        with_fork = _decide(profile, platform, options, measured)
+        with_fork = _decide(profile, platform, options, measured, off_threads)
         platform = replace(
             platform, start_methods=tuple(m for m in platform.start_methods if m != "fork")
         )
-    decision = _decide(profile, platform, options, measured)
+    decision = _decide(profile, platform, options, measured, off_threads)
     if fork_off and with_fork.backend == "fork" and decision.backend != "fork":
         decision = _add(
             decision,
@@ -443,6 +457,55 @@ def stoppable(
     return decision
 
 
+#: The reason an alternative process route gives for processes: it was asked
+#: for where the callable runs off threads (see :func:`alternatives`).
+ELSEWHERE_THREADS = Reason(
+    "elsewhere",
+    "off threads, where its measured times (not its GIL use) may send it",
+)
+
+
+def alternatives(
+    profile: CallableProfile,
+    platform: Platform,
+    options: Options,
+    other_threads: int = 0,
+) -> dict[str, Decision]:
+    """Where else the callable could run: ``{route: Decision}``. Pure.
+
+    What a measurement may choose from when it moves a map, or starts one
+    where the last ended (it never fakes a GIL measurement to ask the
+    table): ``"thread"`` and ``"inline"`` where :func:`permits` allows them,
+    and the process route (``"fork"`` or ``"loky"``) that :func:`decide`
+    gives with the rows that send work to threads for its GIL use or a code
+    hint passed over, its reasons saying so (:data:`ELSEWHERE_THREADS`). A
+    process route that must share a live object by copy-on-write
+    (``share``) is left out: it is the table's first answer, never an
+    alternative. ``prefer="threads"`` leaves no process route, and
+    ``prefer="processes"`` no thread one.
+
+    Args:
+        profile: what the callable is.
+        platform: what the host allows.
+        options: what the user asked for.
+        other_threads: as for :func:`decide`.
+
+    Returns:
+        The routes, each with the decision a move there carries.
+    """
+    found: dict[str, Decision] = {}
+    what = _describe(profile)
+    if options.prefer != "processes":
+        for route in ("thread", "inline"):
+            if permits(profile, route, options):
+                found[route] = Decision("thread", (what,), profile=profile)
+    if options.prefer != "threads":
+        target = _decide_all(profile, platform, options, None, other_threads, off_threads=True)
+        if target.backend in ("fork", "loky") and not target.share:
+            found[target.backend] = target
+    return found
+
+
 def permits(profile: CallableProfile | None, route: str, options: Options) -> bool:
     """Whether ``route`` computes for ``profile``'s callable what worker processes would.
 
@@ -491,6 +554,7 @@ class _Facts:
     stateful: bool
     big: bool
     holder: str
+    off_threads: bool = False
 
     @classmethod
     def of(
@@ -499,6 +563,7 @@ class _Facts:
         platform: Platform,
         options: Options,
         measured: GilProfile | None,
+        off_threads: bool = False,
     ) -> _Facts:
         state = profile.state
         return cls(
@@ -507,10 +572,11 @@ class _Facts:
             options,
             measured,
             _describe(profile),
-            permits(profile, "thread", options),
+            permits(profile, "thread", options) and not off_threads,
             state.nbytes > 0 or state.error is not None,
             state.capped or state.nbytes > options.big_state_bytes,
             profile.state_holder or "its state",
+            off_threads,
         )
 
     @property
@@ -677,6 +743,8 @@ def _gil_reason(f: _Facts) -> str:
         return "prefer='processes' was given"
     if kept_off is not None and f.options.prefer is None:
         return kept_off
+    if f.off_threads:
+        return ELSEWHERE_THREADS
     if f.measured is not None:
         return Reason(MEASURED_RULE, str(f.measured))
     tail = GIL_FIRST_MAP_MEASURES if f.options.allow_inline else GIL_NOT_MEASURED
@@ -770,9 +838,14 @@ def _decide(
     platform: Platform,
     options: Options,
     measured: GilProfile | None = None,
+    off_threads: bool = False,
 ) -> Decision:
-    """Walk :data:`TABLE` for :func:`decide` (same arguments): the first row that matches."""
-    facts = _Facts.of(profile, platform, options, measured)
+    """Walk :data:`TABLE` for :func:`decide` (same arguments): the first row that matches.
+
+    With ``off_threads``, the rows that send work to threads for its GIL use
+    (or a code hint) are passed over, as though threads were not permitted.
+    """
+    facts = _Facts.of(profile, platform, options, measured, off_threads)
     for rule in TABLE:
         decision = rule.apply(facts)
         if decision is not None:

@@ -351,3 +351,26 @@ def test_every_decision_names_the_row_that_chose_it():
             assert decide(prof, LINUX, options).rule in ids
     assert decide(profile("function"), LINUX, Options()).rule == "importable-fork"
     assert decide(profile("function"), NO_FORK, Options()).rule == "importable-loky"
+
+
+def test_alternatives_name_every_permitted_route_without_a_measurement():
+    """Issue 33: where else a callable could run is the policy's answer, asked
+    with no made-up GIL measurement; the process route's reason says why it
+    was asked."""
+    from smartexec.policy import ELSEWHERE_THREADS, alternatives
+
+    releases = profile("function", gil_hint="h")  # the table sends it to threads
+    assert decide(releases, LINUX, Options()).backend == "thread"
+    found = alternatives(releases, LINUX, Options())
+    assert sorted(found) == ["fork", "inline", "thread"]
+    assert ELSEWHERE_THREADS in found["fork"].reasons and found["fork"].gil is None
+    assert sorted(alternatives(releases, NO_FORK, Options())) == ["inline", "loky", "thread"]
+    # other threads running: fork gives way to loky, as decide() says
+    assert "loky" in alternatives(releases, LINUX, Options(), other_threads=1)
+    assert sorted(alternatives(releases, LINUX, Options(prefer="threads"))) == ["inline", "thread"]
+    assert sorted(alternatives(releases, LINUX, Options(prefer="processes"))) == ["fork"]
+    # effects that keep it off threads leave only the process route
+    kept_off = alternatives(_writing("shared", gil_hint="h"), LINUX, Options())
+    assert "thread" not in kept_off and "fork" in kept_off
+    # a route that must share a live object is never an alternative
+    assert alternatives(profile("bound_method", state=BIG), LINUX, Options()).get("fork") is None

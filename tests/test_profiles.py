@@ -588,3 +588,20 @@ def test_the_earlier_run_sentence_agrees_with_where_the_decision_starts():
     on_threads = profiles.earlier_run_reason(stored, "thread")
     assert "processes all the same" not in on_threads
     assert "re-checks it on its first chunks" in on_threads
+
+
+def test_a_callable_whose_last_map_ended_on_processes_starts_there_without_a_faked_measurement():
+    # Issue 33: the process route came from asking the table with a made-up
+    # "holds" measurement; policy.alternatives() answers it, and the
+    # decision quotes no GIL figure nobody measured.
+    save_now(work, stored(gil=RELEASES, backend="fork", per_item_s=0.01))  # this process's
+    try:
+        with SmartExecutor() as ex:
+            decision = ex.explain(work)
+        assert decision.backend == "fork"
+        text = str(decision)
+        assert "its GIL figures alone would send it to threads" in text
+        assert "held 100%" not in text and "off threads, where" not in text
+        assert decision.gil == RELEASES
+    finally:
+        forget(work)
