@@ -148,7 +148,7 @@ def test_a_new_pool_forks_more_workers_once_chunks_wait_behind_busy_ones(
     # One worker at first (forked here, or by the zygote as it starts); the
     # others once chunks wait while every worker has been busy GROW_BLIND_S.
     if direct:
-        monkeypatch.setattr(fork, "_may_fork_directly", lambda initializer: True)
+        monkeypatch.setattr(fork._pool, "_may_fork_directly", lambda initializer: True)
     else:
         request.getfixturevalue("user_thread")
     asked = counting_spawns(monkeypatch)
@@ -173,8 +173,8 @@ def test_a_pool_grows_by_the_measured_work_that_waits(monkeypatch, fn, args, wor
     # worker for ms). Forty chunks of microseconds hold far under
     # GROW_WORK_S of work; once a 50 ms chunk has finished, the 39 that wait
     # hold ~2 s.
-    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
-    monkeypatch.setattr(fork, "GROW_BACKLOG_S", 3600.0)
+    monkeypatch.setattr(fork._pool, "GROW_BLIND_S", 3600.0)
+    monkeypatch.setattr(fork._pool, "GROW_BACKLOG_S", 3600.0)
     asked = counting_spawns(monkeypatch)
     backend = fork.ForkBackend(2, 2)
     try:
@@ -423,7 +423,7 @@ def test_a_map_s_steady_backlog_forks_more_workers(monkeypatch):
     # on one for most of the map).
     from smartexec import SmartExecutor
 
-    monkeypatch.setattr(fork, "GROW_BLIND_S", 3600.0)
+    monkeypatch.setattr(fork._pool, "GROW_BLIND_S", 3600.0)
     with SmartExecutor(2, backend="fork") as ex:
         pids = set(ex.map(spin, [0.0004] * 500, chunksize=1, buffersize=3))
     assert len(pids) == 2

@@ -1,0 +1,485 @@
+"""The fork backend: the :class:`ForkBackend` that owns the fork pools."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util  # noqa: F401 - its atexit hook must be registered before ours
+import os
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ... import _fingerprint, _initializer, trampoline, transport
+from ..._blas import (
+    threads_per_worker,
+)
+from ..._diagnose import (
+    fail_on_pickling,
+)
+from ..._identity import WeakCallable, identity_key
+from ..._remote import Call, ChunkResult, copy_calls
+from ..._sender import Sender, quick_to_pickle
+from ..._system import deferred_interrupts
+from ...errors import InitializerError
+from ...inspection import callable_name
+from .._base import Backend, check_open_files
+from ._children import STOP_TIMEOUT_S
+from ._parts import _LIVE_POOLS, _Task
+from ._pool import _ForkPool
+
+#: Shared callables that cannot be weakly referenced, kept for reuse at most.
+MAX_STRONG_SHARED = 8
+
+#: Set once the exit hook (:func:`_shutdown_all_pools`) has begun: no new pool starts.
+_EXITING = False
+
+
+class _Prepared:
+    """What :meth:`ForkBackend.prepare` returns for a shared callable.
+
+    Attributes:
+        ref: the trampoline reference chunks carry.
+        fn: the user's callable (kept alive while the call runs).
+        since: the backend's epoch when ``map``/``submit`` was called: only a
+            pool born later holds a current snapshot; None when the current
+            pool's snapshot was proven current by digest.
+        digest: the state's digest at that moment (a submit), recorded by
+            the pool forked for it; None when unknown.
+    """
+
+    __slots__ = ("ref", "fn", "since", "digest", "pool", "_unbind", "__weakref__")
+
+    def __init__(
+        self,
+        ref: trampoline.SharedRef,
+        fn: Any,
+        since: int | None,
+        digest: bytes | None = None,
+    ):
+        self.ref = ref
+        self.fn = fn
+        self.since = since
+        self.digest = digest
+        self.pool: _ForkPool | None = None  # the pool whose snapshot this call runs on
+        self._unbind: weakref.finalize[Any, Any] | None = None
+
+    def bind(self, pool: _ForkPool) -> None:
+        """Run this call's chunks on ``pool``, which stays up (retired or not) while it lives."""
+        pool.pin()
+        if self._unbind is not None:
+            self._unbind()  # the old pool can no longer run chunks (broken, closed)
+        self.pool = pool
+        self._unbind = weakref.finalize(self, pool.unpin)
+
+
+class _Entry:
+    __slots__ = ("token", "handle")
+
+    def __init__(self, token: int, handle: WeakCallable):
+        self.token = token
+        self.handle = handle
+
+
+class ForkBackend(Backend):
+    """Runs chunks on worker processes forked from this process.
+
+    Callables prepared with ``share=True`` reach workers by copy-on-write
+    through :mod:`smartexec.trampoline` and are never pickled. Other callables
+    and all arguments are pickled by :mod:`smartexec.transport` (cloudpickle,
+    protocol 5): numpy buffers of 1 MiB or more, both ways, through shared
+    memory; an argument object repeated across calls, once.
+
+    Args:
+        max_workers: worker processes (None: one per CPU).
+        cpu_count: CPUs this process may use.
+        initializer: run as ``initializer(*initargs)`` once in each worker
+            process, after its fork and before its first chunk (replacement
+            workers too); None runs nothing. It and ``initargs`` reach the
+            workers by inheritance, never pickled. When it raises, the
+            backend is broken (:attr:`broken`): pending and later chunks fail
+            with :class:`~smartexec.errors.ProcessInitializerError`, a
+            ``BrokenProcessPool``.
+        initargs: the initializer's arguments (tuple).
+        max_tasks_per_child: calls (not chunks) a worker process may run
+            before it exits and is replaced (int >= 1); None: no limit.
+    """
+
+    name = "fork"
+    pickles_closures = True
+    copy_on_write = True
+    stops_tasks = True
+    #: Asked for by name (multiprocessing.get_context("fork"), os.fork):
+    #: never the interpreter's default, forkserver on Linux from Python 3.14.
+    start_method = "fork"
+    #: Source: benchmarks/bench_overheads.py (7 ms for 2 workers; 120-150 us
+    #: per one-item chunk; 2-core machine, 2026-11-29).
+    worker_startup_s = 0.004
+    chunk_overhead_s = 150e-6
+
+    def __init__(
+        self,
+        max_workers: int | None,
+        cpu_count: int,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        max_tasks_per_child: int | None = None,
+    ):
+        super().__init__(max_workers, cpu_count)
+        self._initargs = _initializer.check(initializer, initargs)
+        self._initializer = initializer
+        self.max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
+        self._box = _initializer.Breakage()
+        check_open_files(self.max_workers, self.name)
+        self._cpu_count = cpu_count
+        self._lock = threading.RLock()
+        self._entries: dict[Hashable, _Entry] = {}
+        self._pool: _ForkPool | None = None
+        self._retired: list[_ForkPool] = []
+        self._closed = False
+        self._cache = transport.ObjectCache()  # big arguments seen twice: sent once
+        #: Orders calls and forks: a pool born after a call's epoch forked
+        #: after that call, so its snapshot is at least as new as the call.
+        self._epochs = itertools.count(1)
+        self._sender = Sender(self.name)  # pickles what is not plain data, in order
+
+    @property
+    def broken(self) -> InitializerError | None:
+        """The error of the initializer that failed in a worker, or None."""
+        return self._box.error
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        from ..._system import current_platform
+
+        if not current_platform().has_fork:
+            return "start method 'fork' is not available (or not safe) on this platform"
+        return None
+
+    def prepare(self, fn: Any, share: bool) -> Any:
+        """For a ``map``: a shared callable runs on a pool forked after this call.
+
+        Checking that an existing pool's snapshot is current would cost a
+        digest of the whole state (40-80 ms per 100 MB); forking a new pool
+        costs about a millisecond per 100 MB mapped, so a map always gets a
+        fresh snapshot. Its chunks all use that snapshot.
+        """
+        if not share:
+            return fn
+        with self._lock:
+            token = self._token(fn)
+            return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, next(self._epochs))
+
+    def prepare_call(self, fn: Any, share: bool) -> Any:
+        """For a ``submit``: reuse the current pool when a digest proves its snapshot current.
+
+        A loop of submits would otherwise fork a pool per call. The digest
+        (:func:`smartexec._fingerprint.digest`) pickles the callable with its
+        buffers out of band and hashes them in place; the pool forked for a
+        submit records it. A state that cannot be pickled (one reason to
+        share it) cannot be proven current: each such submit forks a new pool.
+        """
+        if not share:
+            return fn
+        try:
+            digest: bytes | None = _fingerprint.digest(fn)
+        except Exception:
+            digest = None
+        with self._lock:
+            token = self._token(fn)
+            pool = self._pool
+            since: int | None = next(self._epochs)
+            if (
+                digest is not None
+                and pool is not None
+                and pool.usable
+                and token in pool.covered
+                and pool.digests.get(token) == digest
+            ):
+                since = None
+            return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, since, digest)
+
+    def _token(self, fn: Any) -> int:
+        """The trampoline token of shared callable ``fn`` (under the lock)."""
+        key = identity_key(fn)
+        entry = self._entries.get(key)
+        if entry is None or not entry.handle.matches(fn):
+            entry = _Entry(trampoline.new_token(), WeakCallable(fn, lambda: self._forget(key)))
+            self._entries[key] = entry
+            if not entry.handle.weak:
+                self._bound_strong_entries()
+        return entry.token
+
+    def refresh(self, fn: Any) -> bool:
+        """Forget ``fn``'s trampoline token; its next chunks fork a new pool.
+
+        Not needed for correctness: every ``map`` or ``submit`` already sees
+        the state as it was when it was called (see :meth:`prepare`). Kept
+        for explicit control, e.g. to drop a state a long-running map holds.
+
+        Returns:
+            True when ``fn`` was shared with this backend's workers.
+        """
+        with self._lock:
+            return self._entries.pop(identity_key(fn), None) is not None
+
+    def _bound_strong_entries(self) -> None:
+        """Keep at most MAX_STRONG_SHARED callables that cannot be weakly referenced.
+
+        They are held strongly (a list's method, a ``__slots__`` class without
+        ``__weakref__``); the oldest are let go, so they cannot pile up. A let-go
+        callable still running keeps itself alive through its tasks.
+        """
+        strong = [k for k, e in self._entries.items() if not e.handle.weak]
+        for key in strong[: max(0, len(strong) - MAX_STRONG_SHARED)]:
+            del self._entries[key]
+
+    def _forget(self, key: Hashable) -> None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.handle.get() is None:
+                del self._entries[key]
+
+    def _live_objects(self) -> dict[int, Any]:
+        with self._lock:
+            live = {}
+            for entry in self._entries.values():
+                obj = entry.handle.get()
+                if obj is not None:
+                    live[entry.token] = obj
+            return live
+
+    def _pool_covering(
+        self,
+        token: int | None,
+        since: int | None = None,
+        digest: bytes | None = None,
+        first: _Task | None = None,
+    ) -> _ForkPool:
+        """The pool to run on: one that inherited ``token`` after epoch ``since``.
+
+        Starts a new pool when the current one cannot serve (none, stopping,
+        ``token`` not inherited, or forked before ``since``); the old one runs
+        its queued chunks out. A new pool records ``digest`` for ``token``,
+        and may take ``first`` at its start (:attr:`_ForkPool.took_first`:
+        then it must not be submitted).
+        """
+        with self._lock:
+            self._box.raise_if_broken()
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            pool = self._pool
+            if _EXITING and (pool is None or not pool.usable):
+                # The exit hook stops the pools: a pool forked now would
+                # outlive it, and hold the exit until its workers end.
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            if (
+                pool is None
+                or not pool.usable
+                or (token is not None and token not in pool.covered)
+                or (since is not None and pool.born <= since)
+            ):
+                if pool is not None:
+                    # Its queued chunks stay and run there: chunks of a call whose
+                    # snapshot is that pool's must not run on a newer one (a
+                    # submit queued before a change returned the changed state).
+                    pool.retire()
+                    self._retired = [p for p in self._retired if not p.done] + [pool]
+                born = next(self._epochs)  # taken before the fork: no later call is older
+                pool = self._pool = _ForkPool(
+                    self.max_workers,
+                    self._live_objects,
+                    threads_per_worker(self._cpu_count, self.max_workers),
+                    initializer=self._initializer,
+                    initargs=self._initargs,
+                    max_tasks_per_child=self.max_tasks_per_child,
+                    box=self._box,
+                    first=first,
+                )
+                pool.born = born
+                if token is not None and digest is not None:
+                    pool.digests[token] = digest
+            return pool
+
+    def submit_chunk(
+        self,
+        fn: Any,
+        chunk: Sequence[Call],
+        budget_s: float | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Future[ChunkResult]:
+        """Queue a chunk and return its future at once; with ``timeout_s``, a time limit.
+
+        See :meth:`Backend.submit_chunk`. Never raises for a payload that
+        cannot be pickled: the future fails with
+        :class:`~smartexec.errors.PayloadPicklingError`. Plain data is pickled
+        before this returns (microseconds); anything else on the sender
+        thread (:mod:`smartexec._sender`). A chunk over ``timeout_s`` seconds
+        (counted from when a worker takes it) fails with
+        :class:`~smartexec.errors.TaskTimeoutError`; its worker is killed and
+        replaced.
+        """
+        since: int | None = None
+        digest: bytes | None = None
+        if isinstance(fn, _Prepared):
+            target, keepalive, token = fn.ref, fn.fn, fn.ref.token
+            name, since, digest, plain = fn.ref.name, fn.since, fn.digest, None
+        else:
+            target, keepalive, token, name, plain = fn, None, None, callable_name(fn), fn
+        calls = copy_calls(chunk)  # an OwnCalls chunk stays one
+        task = _Task(Future(), None, keepalive, name, timeout_s, len(calls))
+        blame = keepalive if keepalive is not None else fn
+        inline = self._sender.idle() and quick_to_pickle(plain, calls)
+        # Pickled before it is queued: one wake-up, nothing to wait for. A
+        # Ctrl-C waits until the chunk's segments are its future's.
+        with deferred_interrupts() if inline else contextlib.nullcontext():
+            if inline:
+                self._pickle(task, target, calls, budget_s, blame, inline=True)
+                if task.future.done():
+                    return task.future  # it could not be pickled
+            self._queue_task(fn, task, token, since, digest, inline)
+        if not inline:
+            self._sender.put(lambda: self._pickle(task, target, calls, budget_s, blame))
+        return task.future
+
+    def _queue_task(
+        self,
+        fn: Any,
+        task: _Task,
+        token: Any,
+        since: int | None,
+        digest: bytes | None,
+        inline: bool,
+    ) -> None:
+        """Hand ``task`` to the pool that covers its snapshot (forking it here if new)."""
+        try:
+            with self._lock:  # no other thread may retire the pool in between
+                # In this thread: a new pool forks its zygote here, never in the sender.
+                if isinstance(fn, _Prepared):
+                    # Every chunk of one call (a map's, a retry) on one snapshot.
+                    pool = fn.pool
+                    if pool is None or not pool.takes_pinned:
+                        pool = self._pool_covering(token, since, digest, task)
+                        fn.bind(pool)
+                    if task.pool is None:  # not taken by a new pool at its start
+                        pool.submit(task, pinned=True)
+                else:
+                    pool = self._pool_covering(token, since, digest, task)
+                    if task.pool is None:
+                        pool.submit(task)
+        except BaseException:
+            if inline:
+                task.future.cancel()  # releases its lease
+            raise
+
+    def _pickle(
+        self,
+        task: _Task,
+        target: Any,
+        calls: list[Call],
+        budget_s: float | None,
+        blame: Any,
+        inline: bool = False,
+    ) -> None:
+        """Pickle a queued task's request; on failure, fail its future with a clear error."""
+        future = task.future
+        if future.done():  # cancelled before its turn: nothing to pickle
+            task.wake_pool()
+            return
+        try:
+            payload, lease = transport.dumps_request(target, calls, budget_s, cache=self._cache)
+        except BaseException as exc:
+            fail_on_pickling(future, exc, blame, calls, self.name, from_sender=not inline)
+            task.wake_pool()
+            if inline and not isinstance(exc, Exception):
+                raise  # Ctrl-C while pickling in the caller's thread: the caller's to handle
+            return
+        lease.release_when_done(future)  # its shared-memory segments live until then
+        task.payload = payload
+        task.wake_pool()
+
+    def abort(self, futures: Sequence[Future[ChunkResult]]) -> None:
+        """Cancel these chunks and kill the workers running any of them.
+
+        See :meth:`Backend.abort`. Each killed worker is replaced; its chunk
+        fails with :class:`~smartexec.errors.WorkerCrashedError`. Takes no
+        lock (a generator's finalizer may call it in a thread holding one).
+        """
+        pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.abort(futures)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+        if wait:
+            self._sender.wait_idle()  # a cancelled task may still be pickling
+            self._cache.close()
+        elif self._sender.idle():
+            self._cache.close()
+        else:
+            self._sender.put(self._cache.close)  # after the pickles queued before it
+
+    def signal_workers(self, signum: int) -> None:
+        """Send ``signum`` to every worker of every pool; cancel what has not started.
+
+        See :meth:`Backend.signal_workers`. No worker is replaced, and each
+        pool's zygote (which forks the workers and runs no user code) is
+        stopped as at shutdown once its workers are gone. Returns at once.
+        """
+        with self._lock:
+            self._closed = True
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.signal_workers(signum)
+        self.shutdown(wait=False, cancel_futures=True)  # the pickles and the cache
+
+    def terminate(self) -> None:
+        """Stop now: cancel queued chunks and kill the workers running chunks."""
+        with self._lock:
+            self._closed = True
+            pools = [p for p in (*self._retired, self._pool) if p is not None]
+        for pool in pools:
+            pool.terminate()
+
+
+def _shutdown_all_pools() -> None:
+    """At interpreter exit: stop every pool of this process.
+
+    A pool whose executor called ``shutdown(wait=False)`` runs its queued
+    chunks out first, as ``concurrent.futures`` does. Otherwise (the
+    executor was never shut down) nothing can receive a result any more
+    (every non-daemon thread has ended), so queued chunks are cancelled,
+    running chunks get :data:`STOP_TIMEOUT_S` seconds, and workers still
+    busy are then killed: a forgotten ``shutdown()`` never holds the exit.
+    """
+    global _EXITING
+    _EXITING = True
+    for pool in list(_LIVE_POOLS):
+        if pool._pid != os.getpid():
+            continue
+        if pool._drain_at_exit:
+            pool.shutdown(wait=True)  # shutdown(wait=False) was called: finish the queue
+        else:
+            pool.terminate(STOP_TIMEOUT_S)
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must never drive its parent's pools.
+    _LIVE_POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# A plain atexit hook: it runs after non-daemon threads are joined, so a map
+# still streaming in such a thread when the main thread ends can finish.
+atexit.register(_shutdown_all_pools)

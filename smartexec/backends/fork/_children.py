@@ -1,0 +1,394 @@
+"""What runs in the forked processes: the zygote, and the workers it forks.
+
+The parent side (:mod:`._pool`) forks the zygote once per pool; the zygote
+forks the workers (or the parent forks the first one itself). Each worker
+serves one chunk at a time on its own pipe and exits on its own when its
+parent is gone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util
+import os
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ... import _initializer, _threads, transport
+from ..._blas import (
+    cap_in_this_process,
+    controller_for_fork,
+)
+from ..._system import mark_worker_process
+
+#: Seconds between a worker's checks that its parent is still alive. Only an
+#: idle worker checks; the cost is one getppid() call per interval.
+PARENT_CHECK_S = 1.0
+#: Seconds a worker gets to exit after being asked before it is killed.
+STOP_TIMEOUT_S = 2.0
+
+
+def _as_multiprocessing_child() -> None:
+    """In a worker forked by ``os.fork``: what ``multiprocessing`` does in a child it forks.
+
+    The zygote is a ``multiprocessing`` child, so its workers inherit this;
+    a worker forked from the parent directly does it itself: stdin closed
+    (reopened on ``os.devnull``), no inherited child processes or
+    finalizers, and the after-fork hooks of ``multiprocessing`` objects (an
+    inherited ``multiprocessing.Queue`` resets its feeder thread).
+    """
+    mp_util: Any = multiprocessing.util
+    mp_process: Any = multiprocessing.process
+    with contextlib.suppress(Exception):
+        mp_process._children = set()
+        mp_util._close_stdin()
+        mp_util._finalizer_registry.clear()
+        mp_util._run_after_forkers()
+
+
+def _worker_main(
+    conn: Any,
+    parent_pid: int,
+    owner_pid: int,
+    initializer: Callable[..., Any] | None = None,
+    initargs: tuple[Any, ...] = (),
+    ctl: socket.socket | None = None,
+    blas_cap: int | None = None,
+) -> None:
+    """Worker loop (runs in the forked child): receive a chunk, run it, reply.
+
+    Its BLAS thread cap comes from the zygote (see :func:`_zygote_main`)
+    or from the parent that forked it, which limited its own pools for the
+    fork. Or, with ``blas_cap``, it caps them itself at that many threads,
+    after the first chunk during which a thread pool of a native library
+    started (see :func:`_native_threads_run`): capping OpenBLAS after a fork
+    starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
+    never calls it never caps it. A worker forked directly when this
+    process had no table (no numpy loaded, see :func:`_blas_table`) is
+    forked so.
+
+    ``parent_pid`` is the zygote's (the worker exits when it is gone);
+    ``owner_pid`` the executor's process, which owns the shared-memory
+    segments of the replies (:mod:`smartexec._shm`).
+
+    ``initializer(*initargs)`` runs first, here, after the fork (never in the
+    zygote). When it raises, the worker logs it where the initializer set
+    up this worker's logging, if it did (see
+    :func:`smartexec._initializer.log_in_worker`), sends
+    ``I<pid> <traceback>`` on ``ctl`` (the zygote's end, which reaches the
+    parent's dispatcher) and exits without taking a chunk. ``ctl`` is
+    closed before the loop.
+
+    Every object inherited from the parent is frozen out of this process's
+    garbage collector (``gc.freeze()``, which touches none of them): a
+    collection would write to each object it scans, copying their pages
+    (a worker's first chunk copied ~2 MB, 2.5 ms of its CPU, for a method
+    on a 200 MB object). Cycles among inherited objects that the worker
+    drops are then not collected in this worker.
+    """
+    gc.freeze()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mark_worker_process()
+    _threads.forget_inherited_pools()
+    try:
+        if initializer is not None:
+            handlers = _initializer.logging_handlers()
+            try:
+                initializer(*initargs)
+            except BaseException as exc:
+                # Logged here first, where the initializer may have sent this
+                # worker's logging (as the stdlib's worker logs it).
+                _initializer.log_in_worker(exc, handlers)
+                if ctl is not None:
+                    text = _initializer.traceback_text(exc).encode("utf-8", "replace")
+                    with contextlib.suppress(OSError):
+                        ctl.send(b"I%d " % os.getpid() + text)
+                return
+    finally:
+        if ctl is not None:
+            ctl.close()
+    while True:
+        try:
+            if not conn.poll(PARENT_CHECK_S):
+                if os.getppid() != parent_pid:
+                    return
+                continue
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not data:
+            return
+        payload = transport.serve_request(data, owner=owner_pid)
+        del data
+        try:
+            conn.send_bytes(payload)
+        except OSError:
+            return
+        if blas_cap is not None and _native_threads_run():
+            cap_in_this_process(blas_cap)  # their pool runs: no new threads start
+            blas_cap = None
+
+
+def _native_threads_run() -> bool:
+    """Whether threads that Python does not know (a BLAS or OpenMP pool's) run in this process.
+
+    ~5 us when none does. Otherwise read again 1 ms later, and only the
+    threads listed both times count: a thread Python has just joined (the
+    GIL watch's, after a chunk) may still be listed the first time.
+    """
+    first = _threads.foreign_thread_ids()
+    if not first:
+        return False
+    time.sleep(0.001)
+    return bool(set(first) & set(_threads.foreign_thread_ids()))
+
+
+def _blas_table() -> Any | None:
+    """This process's threadpoolctl table for a new pool's forks; None without numpy.
+
+    Built here, in the parent, once for the process (see
+    :func:`~smartexec._blas.controller_for_fork`), for every pool, the
+    process's first included: the workers forked here directly are capped
+    by inheritance (:meth:`_ForkPool._fork_directly` limits this process's
+    pools for the length of their forks), and the zygote's through it, so
+    every worker starts capped. A process's first pool once went without
+    (importing threadpoolctl and scanning the loaded libraries costs 4-5
+    ms, before the first result), its first worker capping its pools only
+    after a chunk had started them: a worker that had not run BLAS yet read
+    the parent's threads (2 on 2 CPUs beside another worker's 1), and the
+    chunk that started them ran on all of them. Without numpy nothing is
+    loaded to cap: the workers' environment caps the libraries they load
+    (:func:`~smartexec._blas.thread_env`).
+    """
+    return controller_for_fork()
+
+
+def _zygote_main(
+    ctl: socket.socket,
+    parent_end: int,
+    parent_pid: int,
+    blas_threads: int,
+    blas: Any,
+    initializer: Callable[..., Any] | None = None,
+    initargs: tuple[Any, ...] = (),
+    inherited_fds: Sequence[int] = (),
+    prefork: Sequence[tuple[int, int]] = (),
+    direct: Sequence[int] = (),
+) -> None:
+    """The zygote (runs in a child forked once per pool): forks the pool's workers.
+
+    The parent's dispatcher thread never forks: it asks the zygote, which is
+    single-threaded, holds the objects inherited at its own fork, and takes
+    no lock any other thread could hold. Messages on ``ctl`` (a
+    ``SOCK_SEQPACKET`` pair, one record per message):
+
+    * parent -> zygote: ``S<ident>`` with one file descriptor attached (the
+      worker's end of its pipe): fork a worker on it.
+    * parent -> zygote: ``Q``: the pool is stopping.
+    * zygote -> parent: ``P<ident> <pid>`` once forked; ``X<pid> <exitcode>``
+      when a worker exits (negative: killed by that signal).
+    * worker -> parent: ``I<pid> <traceback>`` when ``initializer`` raised in
+      that worker (it runs in each worker after its fork, see
+      :func:`_worker_main`), just before the worker exits.
+
+    The zygote never blocks on ``ctl``: its replies wait in an outbox until
+    the socket takes them. A new pool's workers (``prefork``) are all
+    reported before the parent's dispatcher reads a reply, and replacements
+    may be asked for in bursts; about 280 records fill a ``SOCK_SEQPACKET``
+    buffer each way, and a zygote blocked in ``send`` would stop reading
+    requests, blocking the parent's ``send_fds`` in turn (``max_workers`` in
+    the hundreds hung the pool).
+
+    ``inherited_fds``: the parent's ends of the pipes of the workers it forked
+    itself and of those in ``prefork`` (see :class:`_ForkPool`), closed here
+    at once.
+
+    ``prefork``: ``(ident, fd)`` of the pool's first worker (when the parent
+    did not fork it itself), forked here at once, before the first message
+    is read, as if ``S<ident>`` had come with ``fd`` (inherited by this
+    process's fork, not sent): it starts while the parent goes on to start
+    its dispatcher, rather than after a request that follows the zygote's
+    start (about 10 ms later on a 2-core machine).
+
+    On ``Q``, on end-of-file, or once the parent is gone (checked every
+    :data:`PARENT_CHECK_S` seconds: other processes forked from the parent
+    may hold a copy of its end of ``ctl``, so end-of-file alone is not
+    enough), the zygote gives its workers :data:`STOP_TIMEOUT_S` seconds to
+    exit, kills the rest and exits.
+
+    ``direct``: the pids of the pool's workers the parent forked itself.
+    Should the parent die (no ``Q`` came), the zygote kills them too, through
+    pidfds opened now (a pid alone may name another process by then): a
+    worker busy in a long call checks for its parent only between chunks,
+    and outlived a killed parent (holding its stdout open) for as long as
+    the call ran.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.close(parent_end)  # the parent's end of ctl, inherited by the fork
+    direct_fds: list[int] = []
+    for pid in direct:
+        with contextlib.suppress(OSError):
+            direct_fds.append(os.pidfd_open(pid))
+    for fd in inherited_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    # Cap BLAS here, once, not in each worker: the workers inherit the cap.
+    # Capping OpenBLAS after a fork starts its thread pool, whose threads spin
+    # for ~0.1 s of CPU; capped right before the zygote's first fork, they stop
+    # at once (OpenBLAS shuts its pool down before a fork), so no process runs
+    # a spinning thread: not a worker, and not a zygote that has no worker to
+    # fork yet (its pool's first worker was forked by the parent itself).
+    capped = False
+    zygote_pid = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: set[int] = set()
+    ctl.setblocking(False)
+    outbox: collections.deque[bytes] = collections.deque()
+    poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+
+    def send(message: bytes) -> None:
+        outbox.append(message)
+        flush()
+
+    def flush() -> None:
+        while outbox:
+            try:
+                ctl.send(outbox[0])
+            except BlockingIOError:  # the parent reads on: send the rest when it can
+                poller.modify(ctl.fileno(), select.POLLIN | select.POLLOUT)
+                return
+            except OSError:
+                outbox.clear()  # the parent is gone
+                break
+            outbox.popleft()
+        poller.modify(ctl.fileno(), select.POLLIN)
+
+    def reap(block_s: float = 0.0) -> None:
+        deadline = time.monotonic() + block_s
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                return
+            if pid == 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                # Until the next SIGCHLD (its handler writes to wake_w), not a
+                # fixed sleep: a stopping pool waits for its workers' exits.
+                select.select([wake_r], [], [], min(left, 0.05))
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+                continue
+            children.discard(pid)
+            send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
+
+    unforked: list[int] = []  # prefork's ends this process holds, not yet a worker's
+
+    def fork_worker(ident: int, worker_fd: int) -> None:
+        nonlocal capped
+        if not capped:
+            cap_in_this_process(blas_threads, blas)
+            capped = True
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_r)
+                os.close(wake_w)
+                for other_fd in (*unforked, *direct_fds):
+                    os.close(other_fd)  # the ends of siblings not forked yet
+                conn = multiprocessing.connection.Connection(worker_fd)
+                # ctl stays open through the initializer (to report its
+                # failure); _worker_main closes it before the loop.
+                _worker_main(conn, zygote_pid, parent_pid, initializer, initargs, ctl)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(worker_fd)
+        children.add(pid)
+        send(b"P%d %d" % (ident, pid))
+
+    unforked.extend(fd for _, fd in prefork)
+    for ident, worker_fd in prefork:
+        unforked.remove(worker_fd)
+        fork_worker(ident, worker_fd)
+    asked = False  # whether the parent asked the pool to stop (Q), rather than died
+    while True:
+        events = dict(poller.poll(PARENT_CHECK_S * 1000))
+        ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
+        if not events and os.getppid() != parent_pid:
+            break
+        if events.get(ctl.fileno(), 0) & select.POLLOUT:
+            flush()
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            reap()
+        if ctl.fileno() not in ready:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(ctl, 256, 4)
+        except BlockingIOError:
+            continue
+        except OSError:
+            message, fds = b"", []
+        if not message or message == b"Q":
+            for fd in fds:
+                os.close(fd)
+            asked = message == b"Q"
+            break
+        fork_worker(int(message[1:]), fds[0])
+    # The parent closed its end: workers were asked to stop (or their parent died).
+    reap(STOP_TIMEOUT_S)
+    for pid in list(children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if not asked:
+        # The parent is gone: its own workers too (after the grace above).
+        for fd in direct_fds:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    reap(STOP_TIMEOUT_S)
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "an unknown status"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        text = f"{name} (signal {-exitcode})"
+        if -exitcode == signal.SIGKILL:
+            text += (
+                "; SIGKILL is what the kernel's out-of-memory killer sends, so check "
+                "the worker's memory use"
+            )
+        return text
+    return f"exit code {exitcode}"
