@@ -147,7 +147,7 @@ class CallFuture(ChainedFuture):
         runs) and ``send(call)`` makes the one this future follows from now
         on; should that raise, the call goes back to the first backend. For
         submits that a verdict moves to threads while queued on processes
-        (``SmartExecutor._move_learning_calls``).
+        (``SubmitRoute.move_to_threads``).
 
         Returns:
             True when the call moved; False when it had started (or ended),

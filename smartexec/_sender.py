@@ -31,14 +31,20 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
-from ._remote import Call
+from ._remote import Call, ChunkResult
 
-__all__ = ["Sender", "quick_to_pickle", "pause_senders"]
+if TYPE_CHECKING:
+    from .backends._base import Backend
+    from .stats import StatsRecorder
+
+__all__ = ["Sender", "quick_to_pickle", "pause_senders", "send_chunk"]
 
 #: Objects :func:`quick_to_pickle` looks at, at most, per chunk.
 MAX_QUICK_NODES = 256
@@ -219,3 +225,28 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def send_chunk(
+    backend: Backend,
+    target: Any,
+    calls: list[Call],
+    budget_s: float | None,
+    timeout_s: float | None,
+    recorder: StatsRecorder,
+) -> Future[ChunkResult]:
+    """Send one chunk to ``backend`` now and count it for ``stats()``.
+
+    With a time limit only when ``timeout_s`` is set (a backend without
+    ``timeout_s`` never gets the keyword). Raises what ``submit_chunk``
+    raises (``RuntimeError`` after shutdown).
+    """
+    start = time.perf_counter()
+    if timeout_s is None:
+        future = backend.submit_chunk(target, calls, budget_s)
+    else:
+        future = backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
+    recorder.track(
+        backend.name, backend.max_workers, len(calls), future, time.perf_counter() - start
+    )
+    return future

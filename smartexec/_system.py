@@ -7,6 +7,7 @@ function that tests can feed any platform they like.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import multiprocessing
@@ -25,6 +26,7 @@ __all__ = [
     "fork_is_available",
     "mark_worker_process",
     "deferred_interrupts",
+    "interpreter_exiting",
     "WORKER_ENV",
 ]
 
@@ -191,3 +193,23 @@ def deferred_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGINT, previous)
         if held:
             previous(signal.SIGINT, held[0])
+
+
+_exiting = False
+
+
+def interpreter_exiting() -> bool:
+    """Whether the interpreter's shutdown has begun (``threading``'s exit hooks run).
+
+    From then on nothing may start workers: their exit hooks could no longer run.
+    """
+    return _exiting
+
+
+def _mark_interpreter_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+# Runs before atexit handlers, as concurrent.futures' own hook does.
+getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)

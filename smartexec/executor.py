@@ -8,9 +8,7 @@ cached per callable (weakly: the cache never keeps a callable alive).
 
 from __future__ import annotations
 
-import atexit
 import collections
-import contextvars
 import dataclasses
 import difflib
 import functools
@@ -20,16 +18,14 @@ import multiprocessing
 import signal
 import threading
 import time
-import types
 import warnings
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles, _threads
-from ._call_future import CallFuture as _CallFuture
-from ._context import in_caller, on_threads
+from ._context import in_caller
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import WeakCallable, identity_key
 from ._map_run import MapRun
@@ -54,15 +50,9 @@ from ._reasons import (
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
 from ._routed_map import RoutedMap, starts_in_loop
-from ._submit_learning import (
-    MIN_CALLS,
-    RECHECK_CALLS,
-    Learned,
-    SubmitLearner,
-    ThreadCalls,
-    send_ahead,
-)
-from ._system import current_platform
+from ._sender import send_chunk
+from ._submit_route import SubmitRoute
+from ._system import current_platform, interpreter_exiting
 from .backends._base import Backend
 from .errors import (
     BackendUnavailableError,
@@ -89,7 +79,7 @@ from .policy import (
 )
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
-from .stats import CallLog, ExecutorStats, StatsRecorder
+from .stats import ExecutorStats, StatsRecorder
 from .tuning import Estimate, inline_verdict
 
 __all__ = ["SmartExecutor"]
@@ -98,19 +88,6 @@ T = TypeVar("T")
 
 #: Most decisions kept for :meth:`SmartExecutor.decisions`.
 DECISION_LOG_SIZE = 1000
-
-
-_interpreter_exiting = False
-
-
-def _mark_interpreter_exit() -> None:
-    global _interpreter_exiting
-    _interpreter_exiting = True
-
-
-# Runs before atexit handlers, as concurrent.futures' own hook does: from then
-# on nothing may start workers (their exit hooks could no longer run).
-getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
 
 
 def _completes_futures(backends: list[Backend]) -> bool:
@@ -164,30 +141,6 @@ def _takes_timeouts(backend: Any) -> bool:
     except (TypeError, ValueError):
         return False
 
-
-def _send(
-    backend: Backend,
-    target: Any,
-    calls: list[Call],
-    budget_s: float | None,
-    timeout_s: float | None,
-    recorder: StatsRecorder,
-) -> Future[ChunkResult]:
-    """Send one chunk (with a timeout only when one is set) and count it for stats()."""
-    start = time.perf_counter()
-    if timeout_s is None:
-        future = backend.submit_chunk(target, calls, budget_s)
-    else:
-        future = backend.submit_chunk(target, calls, budget_s, timeout_s=timeout_s)  # type: ignore[call-arg]
-    recorder.track(
-        backend.name, backend.max_workers, len(calls), future, time.perf_counter() - start
-    )
-    return future
-
-
-#: Seconds ``shutdown(wait=True)`` waits, at most, for submits parked while
-#: their callable's first calls run to be routed by those calls' figures.
-PARKED_WAIT_S = 30.0
 
 #: Seconds routing waits, at most, for busy library threads to go back to their
 #: wait (IPython's history thread writes after each cell), so that the route
@@ -311,7 +264,7 @@ def _check_open(executor: SmartExecutor) -> None:
         raise BrokenExecutor(str(error)) from error
     if executor._shutdown:
         raise RuntimeError("cannot schedule new futures after shutdown")
-    if _interpreter_exiting:
+    if interpreter_exiting():
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
 
@@ -359,51 +312,6 @@ def _start_method_note(factory: Callable[..., Backend]) -> str | None:
     if method is not None:
         return f"{getattr(factory, 'name', '')} workers (start method: {method})"
     return None
-
-
-class _LearningCalls:
-    """One callable's submits while its figures are learned (under ``_moves_lock``).
-
-    Attributes:
-        decision: the process decision they were routed by.
-        sent: calls sent to processes, oldest first (done ones dropped as
-            new ones come): a verdict moves those no worker has taken.
-        parked: calls not sent yet, oldest first, each with its sender.
-        window: calls that may be sent and not completed at once while
-            fewer than ``MIN_CALLS`` have completed (:func:`send_ahead`).
-        in_flight: calls sent and not completed.
-        completed: calls that completed (any outcome, cancelled included).
-        key: the callable's identity key; handle: a weak handle to it.
-    """
-
-    __slots__ = ("key", "decision", "sent", "parked", "window", "in_flight", "completed", "handle")
-
-    def __init__(self, key: Any, decision: Decision, window: int, handle: WeakCallable):
-        self.key = key
-        self.decision = decision
-        self.sent: collections.deque[_CallFuture] = collections.deque()
-        self.parked: collections.deque[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]] = (
-            collections.deque()
-        )
-        self.window = window
-        self.in_flight = 0
-        self.completed = 0
-        self.handle = handle
-
-    def parks(self) -> bool:
-        """Whether the next submit waits unsent (FIFO behind any that wait)."""
-        if self.parked:
-            return True
-        return self.completed < MIN_CALLS and self.in_flight >= self.window
-
-
-def _learning_call_done(
-    ref: weakref.ref[SmartExecutor], entry: _LearningCalls, future: Future[Any]
-) -> None:
-    """A learning submit completed: let waiting calls go (a done-callback, any thread)."""
-    executor = ref()
-    if executor is not None:
-        executor._learning_call_done(entry, future)
 
 
 class SmartExecutor(Executor):
@@ -623,38 +531,6 @@ class SmartExecutor(Executor):
         self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
-        # Completed submits' figures (smartexec._submit_learning) move later
-        # submits to threads only where the route to processes is the
-        # policy's guess, not the user's choice or the callable's state.
-        self._learner = SubmitLearner()
-        self._learns = (
-            backend is None
-            and prefer is None
-            and initializer is None
-            and task_timeout is None
-            and self._max_tasks_per_child is None
-        )
-        self._learned_decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
-        # Submits routed to processes while their callable's figures are
-        # learned: identity key -> its calls, sent and parked. A verdict moves
-        # those no worker has taken yet to threads (a burst of run_in_executor
-        # calls all queue before the first completes).
-        self._learning_calls: dict[Any, _LearningCalls] = {}
-        self._moves_lock = threading.RLock()
-        self._moves_idle = threading.Condition(self._moves_lock)
-        self._movers: list[int] = []  # the threads moving calls now (see shutdown)
-        self._closers: list[int] = []  # shutdowns sending parked calls now
-        self._closing_cancels = False  # a shutdown that cancels pending work began
-        self._moves_closed = False
-        # Submits moved to threads by their figures, taken without the lock:
-        # identity key -> (handle, verdict, backend.submit_call, stats recorder,
-        # the calls a cheap verdict re-checks: ThreadCalls.calls, else ()).
-        self._fast_submits: dict[
-            Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any, Sized]
-        ] = {}
-        # identity key -> where pool threads time its calls (_remember_fast_submit).
-        self._thread_calls: dict[Any, ThreadCalls] = {}
-        self._call_recorders: dict[str, Any] = {}
         self._stats = StatsRecorder()
         # Dropped without shutdown(): let the backends go when this object
         # dies, as the stdlib executors do (the callback holds no reference to
@@ -668,6 +544,17 @@ class SmartExecutor(Executor):
         ).atexit = False
         self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
+        # Completed submits' figures (smartexec._submit_learning) move later
+        # submits to threads only where the route to processes is the
+        # policy's guess, not the user's choice or the callable's state.
+        self._submits = SubmitRoute(
+            self,
+            learns=backend is None
+            and prefer is None
+            and initializer is None
+            and task_timeout is None
+            and self._max_tasks_per_child is None,
+        )
         if backend is not None:
             self._backends[backend] = create_backend(
                 backend,
@@ -846,7 +733,7 @@ class SmartExecutor(Executor):
         """
         with self._lock:
             self._options = dataclasses.replace(self._options, stoppable=True)
-            self._learns = False
+            self._submits.keep_stoppable(self._options)
             self._decisions.clear()
             self._decided_with_threads.clear()
 
@@ -1007,7 +894,7 @@ class SmartExecutor(Executor):
         decision, estimate = self._route(fn, record=False)  # a dry run: decisions() unchanged
         decision = self._with_timeout(decision, self._task_timeout)
         # What its submits' figures decided, read only: explain() stores nothing.
-        learned = self._learned_route(fn)
+        learned = self._submits.learned_route(fn)
         if learned is not None and decision.backend in ("fork", "loky") and not decision.share:
             decision = learned
         with self._lock:
@@ -1076,8 +963,7 @@ class SmartExecutor(Executor):
             An :class:`~smartexec.stats.ExecutorStats` snapshot (it does not
             change as more work runs).
         """
-        for calls in list(self._thread_calls.values()):
-            calls.fold()  # a cheap verdict's calls, not re-checked yet
+        self._submits.fold_thread_calls()  # a cheap verdict's calls, not re-checked yet
         return self._stats.snapshot(self.decisions())
 
     def decisions(self) -> tuple[Decision, ...]:
@@ -1090,481 +976,24 @@ class SmartExecutor(Executor):
 
     # -- the Executor contract ---------------------------------------------------
 
-    def _submit_decision(self, fn: Callable[..., Any], decision: Decision) -> tuple[Decision, bool]:
-        """``decision`` for a submit of ``fn``, moved to threads where its submits' figures say so.
-
-        Returns:
-            The decision, and whether this call's figures are to be learned
-            from (a process route that completed submits may still move).
-        """
-        if not self._learns or decision.share or decision.backend not in ("fork", "loky"):
-            return decision, False
-        if not permits(decision.profile, "thread", self._options):
-            return decision, False  # its effects keep it off threads: nothing to learn
-        learned = self._learner.verdict(fn)
-        if learned is None:
-            return decision, True
-        key = identity_key(fn)
-        with self._moves_lock:  # a completed submit's thread may make it too
-            cached = self._learned_decisions.get(key)
-            if cached is not None and cached[0] is learned and cached[1] is decision:
-                return cached[2], False
-            policy_reasons = reasons_off_processes(decision.reasons)
-            moved = dataclasses.replace(
-                decision,
-                backend="thread",
-                share=False,
-                measure=False,
-                reasons=(learned.reason(), *policy_reasons),
-            )
-            self._learned_decisions[key] = (learned, decision, moved)
-            self._log.append(moved)
-        # A script's next run starts its submits (and maps) on threads, as a
-        # map's stored profile does; a map re-checks it on its first chunks.
-        _profiles.save(
-            fn,
-            _profiles.StoredProfile(
-                "thread",
-                learned.compute_s,
-                None,
-                learned.send_s,
-                learned.calls,
-                time.time(),
-                source="submits",
-            ),
-        )
-        return moved, False
-
-    def _learn_from(
-        self, fn: Callable[..., Any], result: ChunkResult, send_s: float, backend: str
-    ) -> None:
-        """Record a completed submit's figures; on a verdict, move the calls still queued.
-
-        Runs where the call's future completed (a fork pool's dispatcher
-        thread): takes no lock of the executor's but ``_moves_lock``.
-        """
-        self._learner.record(fn, result, send_s, backend)
-        if self._learner.verdict(fn) is not None:
-            self._move_learning_calls(fn)
-
-    def _learning_entry(
-        self, fn: Callable[..., Any], decision: Decision, workers: int
-    ) -> _LearningCalls:
-        """``fn``'s :class:`_LearningCalls`, made on its first learning submit. Hold ``_moves_lock``."""
-        key = identity_key(fn)
-        entry = self._learning_calls.get(key)
-        if entry is None or not entry.handle.matches(fn):
-            calls = self._learning_calls  # the weakref callback must not hold self
-            made: list[_LearningCalls] = []
-
-            def forget() -> None:
-                # May run in the garbage collector while a thread holds
-                # _moves_lock: dict calls are atomic, so no lock here.
-                if made and calls.get(key) is made[0]:
-                    calls.pop(key, None)
-
-            # Its calls die with it.
-            entry = _LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn, forget))
-            made.append(entry)
-            calls[key] = entry
-        return entry
-
-    def _park(
-        self,
-        fn: Callable[..., Any],
-        decision: Decision,
-        call: Call,
-        backend: Backend,
-        send: Callable[[], Future[ChunkResult]],
-    ) -> _CallFuture | None:
-        """Keep a learning submit unsent while ``fn``'s first calls run; None: send it now.
-
-        See :mod:`smartexec._submit_learning` (:func:`send_ahead`): once its
-        window of calls is on the way, a callable's later submits wait here
-        until a completion lets the next go, a verdict moves them to
-        threads, or shutdown sends (or cancels) them.
-        """
-        with self._moves_lock:
-            if self._moves_closed:
-                return None
-            entry = self._learning_entry(fn, decision, backend.max_workers)
-            if not entry.parks():
-                return None
-            future: _CallFuture = _CallFuture(
-                None, fn, call, backend.name, retries=self._max_retries, parked=True
-            )
-            entry.parked.append((future, send))
-            return future
-
-    def _note_learning_call(
-        self, fn: Callable[..., Any], decision: Decision, future: _CallFuture, workers: int
-    ) -> None:
-        """Keep a sent learning submit's future: a verdict may move it to threads while it queues."""
-        with self._moves_lock:
-            if self._moves_closed:
-                return
-            entry = self._learning_entry(fn, decision, workers)
-            calls = entry.sent
-            while calls and calls[0].done():
-                calls.popleft()  # in order, mostly: what is left waits in a queue
-            calls.append(future)
-            entry.in_flight += 1
-        future.add_done_callback(functools.partial(_learning_call_done, weakref.ref(self), entry))
-
-    def _learning_call_done(self, entry: _LearningCalls, done: Future[Any]) -> None:
-        """A learning submit of ``entry``'s callable completed: send the calls it lets go.
-
-        While fewer than ``MIN_CALLS`` have completed, one waiting call per
-        completion keeps the window full; after that (no verdict: the
-        callable stays on processes) every waiting call is sent. A verdict's
-        move took them first (:meth:`_learn_from` runs before the result is
-        set). Runs where the future completed (a completed call's: the
-        dispatcher thread); sends outside ``_moves_lock``, counted as a move
-        under way (``shutdown`` waits for it). A call cancelled or failed may
-        have completed under its future's lock (inside ``cancel()``, whose
-        done-callbacks may cancel others): a new thread sends then, so that
-        no thread holds one future's lock while it waits for another's.
-        """
-        with self._moves_lock:
-            if self._moves_closed or self._learning_calls.get(entry.key) is not entry:
-                return  # moved to threads by a verdict, or shut down
-            entry.in_flight -= 1
-            entry.completed += 1
-            if entry.completed >= MIN_CALLS or _interpreter_exiting:
-                n = len(entry.parked)
-            else:
-                n = min(len(entry.parked), entry.window - entry.in_flight)
-            if n <= 0:
-                return
-            going = [entry.parked.popleft() for _ in range(n)]
-            self._moves_idle.notify_all()  # a shutdown may wait for the parked calls to go
-            if _interpreter_exiting:
-                # A forgotten executor at exit: nothing can receive a result
-                # any more and no worker may start (the fork pools' exit hook
-                # cancels their queued chunks): cancelled, as those.
-                stranded = going
-            elif n > 1 or done.cancelled() or done.exception() is not None:
-                # A thread of its own for many (the dispatcher completing
-                # this call would hand no chunk to an idle worker while it
-                # pickles them: 2,400 calls took it 0.9 s).
-                helper = threading.Thread(
-                    target=self._send_all_parked,
-                    args=(entry, going),
-                    name="smartexec-release",
-                    daemon=True,
-                )
-                helper.start()
-                self._movers.append(helper.ident)  # type: ignore[arg-type]
-                return
-            else:
-                self._movers.append(threading.get_ident())
-                stranded = []
-        if stranded:
-            for future, _send_it in stranded:
-                future.cancel()
-            return
-        self._send_all_parked(entry, going)
-
-    def _send_all_parked(
-        self,
-        entry: _LearningCalls,
-        going: list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]],
-    ) -> None:
-        """Send parked calls in order; this thread is counted in ``_movers`` (taken out here).
-
-        Once a shutdown that cancels (``cancel_futures``, ``terminate()``,
-        ``kill_workers()``) has begun, the rest are cancelled instead.
-        """
-        try:
-            for future, send in going:
-                if (self._moves_closed and self._closing_cancels) or _interpreter_exiting:
-                    future.cancel()
-                else:
-                    self._send_parked(entry, future, send)
-        finally:
-            with self._moves_lock:
-                self._movers.remove(threading.get_ident())
-                self._moves_idle.notify_all()
-
-    def _send_parked(
-        self,
-        entry: _LearningCalls | None,
-        future: _CallFuture,
-        send: Callable[[], Future[ChunkResult]],
-    ) -> None:
-        """Send a parked call on its process route (learned from, when ``entry`` is given)."""
-        origin = future._origin
-        if origin is None:
-            return  # cancelled while it waited
-        fn, _, backend = origin
-        learn = None
-        if entry is not None:
-            with self._moves_lock:
-                if self._moves_closed:
-                    entry = None
-                else:
-                    entry.in_flight += 1
-                    entry.sent.append(future)
-            if entry is not None:
-                learn = functools.partial(self._learn_from, fn, backend=backend)
-        if not future.release(send, learn):
-            if entry is not None:
-                with self._moves_lock:
-                    entry.in_flight -= 1  # cancelled meanwhile: it never went
-            return
-        if entry is not None:
-            future.add_done_callback(
-                functools.partial(_learning_call_done, weakref.ref(self), entry)
-            )
-
-    def _move_learning_calls(self, fn: Callable[..., Any]) -> int:
-        """Send ``fn``'s submits that no worker has taken yet to threads, as its verdict says.
-
-        A burst of submits (``asyncio.gather`` of ``run_in_executor`` calls)
-        all queue on the process route before its first call completes; the
-        verdict given by the first completed ones moves the rest, which
-        would otherwise wait their turn on a few processes (40 sleeps of
-        50 ms: 1.04 s on 2 fork workers, 0.35 s on threads). Nothing moves
-        once shutdown has begun. Returns how many calls moved.
-        """
-        key = identity_key(fn)
-        with self._moves_lock:
-            if self._moves_closed or _interpreter_exiting:  # at exit: no new thread
-                return 0
-            entry = self._learning_calls.get(key)
-            thread = self._backends.get("thread")
-            if entry is None or thread is None or not entry.handle.matches(fn):
-                return 0
-            moved_decision, _ = self._submit_decision(fn, entry.decision)
-            if moved_decision.backend != "thread":
-                return 0
-            del self._learning_calls[key]
-            calls = list(entry.sent)
-            parked = list(entry.parked)
-            entry.parked.clear()
-            self._moves_idle.notify_all()  # a shutdown may wait for the parked calls to go
-            # Counted as under way: shutdown() waits for it before the backends
-            # stop, and no future's lock is taken under _moves_lock (a user's
-            # cancel() holds its future's lock while its done-callbacks run,
-            # and one may submit, which takes _moves_lock).
-            self._movers.append(threading.get_ident())
-        try:
-            moved = 0
-            if parked:
-                # Never pickled: straight onto the pool's threads, as submit's
-                # thread route runs a call.
-                submit_call = functools.partial(
-                    thread.submit_call,  # type: ignore[attr-defined]
-                    on_done=self._call_recorder(thread),
-                )
-                for future, _send_it in parked:
-                    moved += future.release_to_threads(submit_call)
-            stats = self._stats
-
-            def send(call: Call, context: contextvars.Context) -> Future[ChunkResult]:
-                # In a copy of the submitter's context, not this thread's.
-                return _send(thread, on_threads(fn, context), [call], None, None, stats)
-
-            for future in calls:
-                origin = future._origin
-                if (
-                    origin is not None
-                    and identity_key(origin[0]) == key  # a bound method is new at each access
-                    and future.move(send, thread.name)
-                ):
-                    moved += 1
-            if moved:
-                self._started.add(thread.name)
-            return moved
-        finally:
-            with self._moves_lock:
-                self._movers.remove(threading.get_ident())
-                self._moves_idle.notify_all()
-
-    def _call_recorder(self, backend: Backend) -> CallLog:
-        """The stats recorder of calls run on ``backend`` with no chunk (submit's thread route)."""
-        record = self._call_recorders.get(backend.name)
-        if record is None:
-            made = self._stats.call_recorder(backend.name, backend.max_workers)
-            record = self._call_recorders.setdefault(backend.name, made)
-        return record  # type: ignore[no-any-return]
-
-    def _remember_fast_submit(
-        self, fn: Callable[..., Any], run_call: Callable[..., Any], record: Any, learned: bool
-    ) -> None:
-        """Let ``fn``'s next submits skip the routing: it runs on threads for good, or until a map says otherwise.
-
-        Either its submits' figures moved it to threads (until its calls
-        there contradict a *cheap* verdict: :meth:`_upheld`), or its decision
-        is the thread route (the policy's, or an earlier run's stored
-        profile); a map that then moves it elsewhere drops the shortcut
-        (:meth:`_route_next`). Only while no initializer is set (a failed one
-        breaks the executor, which submit must then report as the stdlib
-        does) and no ``task_timeout`` (threads then run chunks with a
-        deadline). Hold the lock.
-        """
-        if self._initializer is not None or self._options.stoppable:
-            return
-        key = identity_key(fn)
-        verdict = self._learner.verdict(fn, key) if learned else None
-        if learned and verdict is None:
-            return
-        fast = self._fast_submits  # the weakref callback must not hold self
-        old = fast.get(key)
-        if old is not None and old[1] is verdict and old[0].matches(fn):
-            return  # another thread's submit remembered it
-        timed: Sized = ()
-        if verdict is not None and verdict.kind == "cheap":
-            # Its calls on threads are timed apart, for the re-check. One log
-            # per callable (the thread backend keeps a call loop per log).
-            calls = self._thread_calls.get(key)
-            if calls is None:
-                calls = self._thread_calls[key] = ThreadCalls(record)
-            calls.fold()
-            calls.recent.clear()  # an earlier verdict's calls
-            record, timed = calls, calls.calls
-        handle = WeakCallable(fn, lambda: fast.pop(key, None))
-        if handle.weak:  # never keep the user's object alive
-            fast[key] = (handle, verdict, run_call, record, timed)
-
-    def _upheld(self, fn: Callable[..., Any], fast: tuple[Any, ...]) -> bool:
-        """Re-check ``fn``'s cheap verdict on its calls timed on threads; False: it gave way.
-
-        Called by submit's fast path once :data:`RECHECK_CALLS` calls
-        completed since the last re-check (no lock held). When
-        :func:`~smartexec._submit_learning.contradiction` says the calls now
-        cost more than a process round trip, the verdict and its figures are
-        forgotten and the shortcut dropped: this submit and the next take the
-        policy's process route and are learned from afresh.
-        """
-        learned, calls = fast[1], fast[3]
-        median = calls.recheck(learned)
-        if median is None:
-            return True
-        checked = len(calls.recent)
-        key = identity_key(fn)
-        with self._lock:
-            if self._fast_submits.get(key) is fast:
-                del self._fast_submits[key]
-            if self._learner.forget(fn, learned):
-                with self._moves_lock:
-                    cached = self._learned_decisions.pop(key, None)
-                    if cached is not None:
-                        policy = cached[1]
-                        why = learned.gave_way(median, checked)
-                        self._log.append(
-                            dataclasses.replace(policy, reasons=(why, *policy.reasons))
-                        )
-                # Where its submits ended, for later executors (its verdict saved "thread").
-                _profiles.save(
-                    fn,
-                    _profiles.StoredProfile(
-                        learned.backend,
-                        median,
-                        None,
-                        learned.send_s,
-                        checked,
-                        time.time(),
-                        source="submits",
-                    ),
-                )
-        return False
-
-    def _learned_route(self, fn: Callable[..., Any]) -> Decision | None:
-        """The threads decision made for ``fn`` from its submits' figures, or None.
-
-        A verdict stands whatever other threads run: it moved ``fn`` off
-        fork or loky, and other threads only choose between those two.
-        """
-        key = identity_key(fn)
-        cached = self._learned_decisions.get(key)
-        if cached is None or cached[0] is not self._learner.verdict(fn, key):
-            return None
-        return cached[2]
-
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        fasts = self._fast_submits
-        if fasts:
-            # On threads (see _remember_fast_submit): no lock of ours and no
-            # routing, nearly as cheap as a ThreadPoolExecutor's submit (the
-            # backend raises RuntimeError once shut down). A plain
-            # function's key is its id (identity_key), looked up here
-            # without calling it. Every RECHECK_CALLS completed calls of a
-            # cheap verdict's, the next submit re-checks it (_upheld).
-            fast = fasts.get(id(fn))
-            if fast is None and type(fn) is not types.FunctionType:
-                fast = fasts.get(identity_key(fn))
-            if (
-                fast is not None
-                and not self._shutdown
-                and (fast[0].ref() is fn or fast[0].matches(fn))
-                and (len(fast[4]) < RECHECK_CALLS or self._upheld(fn, fast))
-            ):
+        submits = self._submits
+        if submits.fast:
+            # On threads for good (see SubmitRoute.remember_fast): no lock of
+            # ours and no routing, nearly as cheap as a ThreadPoolExecutor's
+            # submit (the backend raises RuntimeError once shut down).
+            fast = submits.fast_path(fn, self._shutdown)
+            if fast is not None:
                 return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
             _check_open(self)
-            moved = self._learned_route(fn) if self._learns else None
-            if moved is not None:
-                decision, learning = moved, False
-            else:
-                decision, _ = self._route(fn)
-                decision = self._with_timeout(decision, self._task_timeout)
-                decision, learning = self._submit_decision(fn, decision)
-            backend = self._backend(decision.backend)
-            timeout_s = self._task_timeout
-            run_call = getattr(backend, "submit_call", None) if timeout_s is None else None
-            if run_call is not None:
-                # The thread route: the pool's own future is the caller's, as
-                # from a ThreadPoolExecutor (no chunk, no chain).
-                record = self._call_recorder(backend)
-                future: Future[T] = run_call(fn, args, kwargs, record)
-                self._started.add(backend.name)
-                self._remember_fast_submit(fn, run_call, record, moved is not None)
-                return future
-            call: Call = (args, kwargs)
-            parked: _CallFuture | None = None
-            try:
-                target = backend.prepare_call(fn, decision.share)
-
-                def send() -> Future[ChunkResult]:
-                    return _send(backend, target, [call], None, timeout_s, self._stats)
-
-                if learning:
-                    self._backend("thread")  # made here, under the lock, for a verdict's move
-                    parked = self._park(fn, decision, call, backend, send)
-                if parked is None:
-                    start = time.perf_counter()
-                    inner = send()
-                    learn: Callable[[ChunkResult], None] | None = None
-                    if learning:
-                        learn = functools.partial(
-                            self._learn_from,
-                            fn,
-                            send_s=time.perf_counter() - start,
-                            backend=backend.name,
-                        )
-            except Exception as exc:
-                # As the stdlib: a call that cannot be sent fails its future,
-                # submit() itself does not raise (the built-in process
-                # backends never raise here; a plugin backend may).
-                if not is_pickling_failure(exc):
-                    raise
-                error = explain_pickling(fn, [call], exc, backend.name)
-                failed: _CallFuture = _CallFuture()
-                failed.set_exception(error)
-                return failed
-            self._started.add(backend.name)
-            if parked is None:
-                outer = _CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
-                if learning:
-                    self._note_learning_call(fn, decision, outer, backend.max_workers)
-        if parked is not None:
+            future, parked = submits.submit(self, fn, args, kwargs)
+        if parked:
             # The calls on their way decide where this one runs: let the
             # thread that completes them have the GIL now, rather than after
             # the switch interval (5 ms) of a loop of submits.
             time.sleep(0)
-            return parked
-        return outer
+        return future
 
     submit.__doc__ = (
         (Executor.submit.__doc__ or "")
@@ -1661,7 +1090,7 @@ class SmartExecutor(Executor):
             try:
                 # task_timeout per call of the batch, as map() gives a chunk
                 timeout_s = _chunk_timeout(task_timeout, len(calls), None)
-                return _send(backend, target, calls, None, timeout_s, stats)
+                return send_chunk(backend, target, calls, None, timeout_s, stats)
             except Exception as exc:
                 if not is_pickling_failure(exc):
                     raise
@@ -1753,9 +1182,7 @@ class SmartExecutor(Executor):
         key = identity_key(fn)
         reason = Reason(LAST_MAP_RULE, f"its last map: {why}")
         with self._lock:
-            fast = self._fast_submits.get(key)
-            if fast is not None and fast[1] is None and decision.backend != "thread":
-                del self._fast_submits[key]  # its submits follow the map's route again
+            self._submits.follow_map(key, decision.backend)
             cached = self._decisions.get(key)
             if cached is not None and cached[0].matches(fn):
                 kept = tuple(r for r in decision.reasons if rule_of(r) != LAST_MAP_RULE)
@@ -1875,7 +1302,7 @@ class SmartExecutor(Executor):
                 if own:  # each call gets arguments of its own in the worker
                     calls = OwnCalls(calls)
                 start = time.perf_counter()
-                future = _send(
+                future = send_chunk(
                     backend,
                     target if clocked is not None and clocked() else plain,
                     calls,
@@ -2059,14 +1486,14 @@ class SmartExecutor(Executor):
         with self._lock:
             self._shutdown = True
         if wait and not cancel_futures:
-            self._let_parked_go()
+            self._submits.let_parked_go()
         with self._lock:
-            parked = self._close_learning(cancel_futures)
+            parked = self._submits.close(cancel_futures)
             backends = list(self._backends.values())
             unsent = list(self._unsent.copy().values())  # see _to_finish
             self._unsent.clear()
         # Not under self._lock: a moved call's done-callbacks (the user's) may submit.
-        self._finish_learning(parked, cancel_futures)
+        self._submits.finish(parked, cancel_futures)
         streams = [stream for stream, _ in unsent]
         try:
             if not cancel_futures:
@@ -2140,83 +1567,6 @@ class SmartExecutor(Executor):
             return False
         return super().__exit__(exc_type, exc_val, exc_tb)
 
-    def _let_parked_go(self) -> None:
-        """Wait (shutdown with ``wait``) until no submit waits unsent for its callable's figures.
-
-        Submits made in a ``with`` block and read after it: their first
-        calls complete meanwhile, and their figures route the waiting ones
-        (to threads, when they say so) as they would have before the
-        shutdown; sent on their process route at once instead, 100 sleeps
-        of 20 ms took 1.07 s against a ``ThreadPoolExecutor``'s 0.34 s. Ends
-        as soon as no parked call is left, or none can go (no call of its
-        callable on its way: then shutdown sends them). Not from a thread of
-        smartexec's (a done-callback run by a backend's thread, which may be
-        the one that completes calls), and never longer than
-        :data:`PARKED_WAIT_S`.
-        """
-        if _interpreter_exiting or threading.current_thread().name.startswith("smartexec-"):
-            return
-
-        def settled() -> bool:
-            return not self._movers and all(
-                not entry.parked or entry.in_flight <= 0 for entry in self._learning_calls.values()
-            )
-
-        with self._moves_lock:
-            self._moves_idle.wait_for(settled, timeout=PARKED_WAIT_S)
-
-    def _close_learning(
-        self, cancel: bool
-    ) -> list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]]:
-        """Stop moving and parking submits (shutdown); return the parked ones, oldest first.
-
-        ``cancel``: the shutdown cancels pending work (moves under way then
-        cancel what they have not sent). A thread that takes parked calls is
-        counted in ``_closers`` until :meth:`_finish_learning` has sent them:
-        another shutdown waits for it before the backends stop.
-        """
-        with self._moves_lock:
-            self._moves_closed = True
-            self._closing_cancels = self._closing_cancels or cancel
-            parked = [p for entry in self._learning_calls.values() for p in entry.parked]
-            for entry in self._learning_calls.values():
-                entry.parked.clear()
-            self._learning_calls.clear()
-            if parked:
-                self._closers.append(threading.get_ident())
-        return parked
-
-    def _finish_learning(
-        self, parked: list[tuple[_CallFuture, Callable[[], Future[ChunkResult]]]], cancel: bool
-    ) -> None:
-        """Wait for moves under way, then send the parked calls on their route (or cancel them).
-
-        A move under way finishes first (its calls are then on threads,
-        whose shutdown waits for them), and another shutdown's parked calls
-        are sent first. Pending work runs, as in the stdlib, unless
-        ``cancel``. Not from a move's own thread (a moved call's
-        done-callback that shuts down): it cannot wait for itself.
-        """
-        me = threading.get_ident()
-        with self._moves_lock:
-            if me not in self._movers:
-                self._moves_idle.wait_for(
-                    lambda: not self._movers and all(c == me for c in self._closers),
-                    timeout=30.0,
-                )
-        if not parked:
-            return
-        try:
-            for future, send in parked:
-                if cancel:
-                    future.cancel()
-                else:
-                    self._send_parked(None, future, send)
-        finally:
-            with self._moves_lock:
-                self._closers.remove(me)
-                self._moves_idle.notify_all()
-
     def terminate(self) -> None:
         """Shut down now: cancel pending work and kill process workers mid-task.
 
@@ -2229,9 +1579,9 @@ class SmartExecutor(Executor):
         """
         with self._lock:
             self._shutdown = True
-            parked = self._close_learning(cancel=True)
+            parked = self._submits.close(cancel=True)
             backends = list(self._backends.values())
-        self._finish_learning(parked, cancel=True)
+        self._submits.finish(parked, cancel=True)
         for backend in backends:
             backend.terminate()
 
@@ -2275,9 +1625,9 @@ class SmartExecutor(Executor):
     def _signal_workers(self, signum: int) -> None:
         with self._lock:
             self._shutdown = True
-            parked = self._close_learning(cancel=True)
+            parked = self._submits.close(cancel=True)
             backends = list(self._backends.values())
-        self._finish_learning(parked, cancel=True)  # calls not started are cancelled
+        self._submits.finish(parked, cancel=True)  # calls not started are cancelled
         for backend in backends:
             backend.signal_workers(signum)
 

@@ -307,7 +307,7 @@ def test_a_burst_cut_by_shutdown_runs_every_call_once(tmp_path):
 def test_a_move_whose_new_route_refuses_goes_back_to_the_first():
     from concurrent.futures import Future
 
-    from smartexec.executor import _CallFuture
+    from smartexec._call_future import CallFuture as _CallFuture
 
     first: Future[ChunkResult] = Future()
     again: Future[ChunkResult] = Future()
@@ -399,7 +399,7 @@ def test_a_learned_submit_skips_the_routing_and_still_refuses_after_shutdown():
     try:
         partial_add = functools.partial(operator.add, 1)
         _learn_threads(ex, partial_add)
-        assert ex._fast_submits, "a learned callable's submits take the fast path"
+        assert ex._submits.fast, "a learned callable's submits take the fast path"
         assert ex.submit(partial_add, 41).result(timeout=30) == 42
     finally:
         ex.shutdown()
@@ -412,11 +412,11 @@ def test_the_fast_path_keeps_no_callable_alive():
     ref = weakref.ref(obj)
     with SmartExecutor() as ex:
         _learn_threads(ex, obj.add)
-        assert ex._fast_submits
+        assert ex._submits.fast
         del obj
         gc.collect()
         assert ref() is None
-        assert not ex._fast_submits  # its entry went with it
+        assert not ex._submits.fast  # its entry went with it
 
 
 def test_a_stored_verdict_never_starts_the_next_run_in_this_process():
@@ -457,10 +457,10 @@ def test_a_map_that_moves_a_thread_routed_callable_drops_its_submit_shortcut():
         [ex.submit(waits, i).result(timeout=30) for i in range(12)]
     with SmartExecutor() as ex:
         assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
-        assert ex._fast_submits
-        key = next(iter(ex._fast_submits))
+        assert ex._submits.fast
+        key = next(iter(ex._submits.fast))
         ex._route_next(waits, dataclasses.replace(ex.explain(waits), backend="fork"), "test")
-        assert key not in ex._fast_submits
+        assert key not in ex._submits.fast
         assert ex.submit(waits, 0).result(timeout=30) != os.getpid()
 
 
@@ -616,7 +616,7 @@ def test_a_parked_future_released_late_or_refused():
     from concurrent.futures import Future
 
     from smartexec.errors import PayloadPicklingError
-    from smartexec.executor import _CallFuture
+    from smartexec._call_future import CallFuture as _CallFuture
 
     parked = _CallFuture(None, waits, ((1,), {}), "fork", parked=True)
     assert parked.cancel()
@@ -706,7 +706,7 @@ def test_no_done_callback_runs_under_a_futures_lock():
     import threading
     from concurrent.futures import Future
 
-    from smartexec.executor import _CallFuture
+    from smartexec._call_future import CallFuture as _CallFuture
 
     first = _CallFuture(None, operator.add, ((1, 2), {}), "fork", parked=True)
     second = _CallFuture(None, operator.add, ((3, 4), {}), "fork", parked=True)
@@ -742,7 +742,7 @@ def test_a_dead_bound_methods_waiting_entry_goes_with_it():
         del holder
         gc.collect()
         assert ref() is None
-        assert not ex._learning_calls
+        assert not ex._submits.learning
 
 
 def test_submits_made_in_a_with_block_and_read_after_it_still_move_to_threads():
