@@ -175,7 +175,7 @@ class MapRun:
             decision, self.estimate = ex._route(self.fn)
             self.decision = ex._with_timeout(decision, self.task_timeout)
             self.backend = ex._backend(self.decision.backend)
-            self.nested = ex._nested_on_threads(self.backend, self.decision)
+            self.nested = ex._router.nested_on_threads(self.backend, self.decision)
             if self.nested is not None:
                 self.backend = ex._backend("inline")
 
@@ -416,7 +416,7 @@ class MapRun:
         if run.error is None and (
             wall_s >= GIL_PROBE_S / 2 or (not watched.exhausted and wall_s >= GIL_DECIDED_S)
         ):
-            self.decision = ex._measured(self.fn, self.decision, watched.profile)
+            self.decision = ex._router.measured(self.fn, self.decision, watched.profile)
             with ex._lock:
                 ex._ensure_open()
                 self.backend = ex._backend(self.decision.backend)

@@ -51,7 +51,7 @@ from ._submit_learning import (
 )
 from ._system import interpreter_exiting
 from .backends._base import Backend
-from .policy import Decision, Options, permits
+from .policy import Decision, permits
 from .stats import CallLog, StatsRecorder
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class SubmitRoute:
     def __init__(self, executor: SmartExecutor, learns: bool):
         self.learns = learns
         self.learner = SubmitLearner()
-        self._options = executor._options
+        self._router = executor._router  # its options: keep_stoppable replaces them
         self._log = executor._log
         self._backends = executor._backends
         self._stats: StatsRecorder = executor._stats
@@ -154,11 +154,6 @@ class SubmitRoute:
         #: identity key -> where pool threads time its calls (remember_fast).
         self.thread_calls: dict[Any, ThreadCalls] = {}
         self._recorders: dict[str, Any] = {}
-
-    def keep_stoppable(self, options: Options) -> None:
-        """Learn nothing more, under ``options`` (``stoppable``): see ``SmartExecutor._keep_stoppable``."""
-        self._options = options
-        self.learns = False
 
     # -- submit
 
@@ -264,7 +259,7 @@ class SubmitRoute:
         """
         if not self.learns or decision.share or decision.backend not in ("fork", "loky"):
             return decision, False
-        if not permits(decision.profile, "thread", self._options):
+        if not permits(decision.profile, "thread", self._router.options):
             return decision, False  # its effects keep it off threads: nothing to learn
         learned = self.learner.verdict(fn)
         if learned is None:
@@ -576,7 +571,7 @@ class SubmitRoute:
         does) and no ``task_timeout`` (threads then run chunks with a
         deadline). Hold the executor's lock.
         """
-        if not self._plain or self._options.stoppable:
+        if not self._plain or self._router.options.stoppable:
             return
         key = identity_key(fn)
         verdict = self.learner.verdict(fn, key) if learned else None

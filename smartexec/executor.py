@@ -18,16 +18,15 @@ import multiprocessing
 import signal
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
-from . import _initializer, _profiles, _threads
+from . import _initializer, _profiles
 from ._context import in_caller
 from ._diagnose import explain_pickling, is_pickling_failure
-from ._identity import WeakCallable, identity_key
+from ._identity import identity_key
 from ._map_run import MapRun
 from ._map_run import check_task_timeout as _check_task_timeout
 from ._map_run import require_int as _require_int
@@ -40,16 +39,11 @@ from ._mapping import (
     lazy_inline,
 )
 from ._reasons import (
-    INITIALIZER_BY_VALUE,
-    INITIALIZER_BY_VALUE_RULE,
-    LAST_MAP_RULE,
-    Reason,
     measured_reasons,
-    reasons_off_processes,
-    rule_of,
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
-from ._routed_map import RoutedMap, starts_in_loop
+from ._routed_map import RoutedMap
+from ._router import Router, takes_timeouts
 from ._sender import send_chunk
 from ._submit_route import SubmitRoute
 from ._system import current_platform, interpreter_exiting
@@ -61,21 +55,14 @@ from .errors import (
 from .gil import (
     GIL_MIN_ITEM_S,
     MANY_CORES,
-    GilProfile,
-    recall,
-    remember,
 )
-from .inspection import callable_name, inspect_callable, payload_size
+from .inspection import callable_name, payload_size
 from .policy import (
     BIG_STATE_BYTES,
-    ELSEWHERE_THREADS,
     PREFER_VALUES,
     Decision,
     Options,
-    alternatives,
-    decide,
     permits,
-    stoppable,
 )
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
@@ -102,70 +89,6 @@ def _completes_futures(backends: list[Backend]) -> bool:
     if thread.name.startswith("smartexec-") or type(thread).__name__ == "_ExecutorManagerThread":
         return True
     return any(getattr(backend, "runs_this_thread", bool)() for backend in backends)
-
-
-def _earlier(fn: Callable[..., Any]) -> tuple[GilProfile | None, _profiles.StoredProfile | None]:
-    """``fn``'s GIL measurement in this process, else the profile an earlier run saved.
-
-    Fresh evidence wins: a measurement made in this process is used as it
-    is, and no stored profile is read for it.
-    """
-    measured = recall(fn)
-    if measured is not None:
-        return measured, None
-    stored = _profiles.load(fn)
-    if stored is None:
-        return None, None
-    if stored.from_this_process:
-        return stored.gil, stored  # another executor's evidence, as fresh as recall's
-    # An earlier run's figures may send a callable to processes, never by
-    # themselves to this process: whether an item raises, crashes a worker
-    # or kills the caller must not depend on what an earlier run stored. A
-    # move to threads is re-earned from this run's own first chunks.
-    gil = stored.gil if stored.gil is not None and stored.gil.kind == "holds" else None
-    return gil, stored
-
-
-def _from_earlier_run(decision: Decision, stored: _profiles.StoredProfile | None) -> Decision:
-    """``decision`` with a reason saying it starts from ``stored``, when there is one."""
-    if stored is None:
-        return decision
-    reason = _profiles.earlier_run_reason(stored, decision.backend)
-    return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
-
-
-def _takes_timeouts(backend: Any) -> bool:
-    """Whether a backend's ``submit_chunk`` accepts ``timeout_s``."""
-    try:
-        return "timeout_s" in inspect.signature(backend.submit_chunk).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-#: Seconds routing waits, at most, for busy library threads to go back to their
-#: wait (IPython's history thread writes after each cell), so that the route
-#: does not depend on the instant it was decided.
-ROUTE_SETTLE_S = 0.05
-
-
-def _other_threads(own_user_code: bool = True) -> int:
-    """The user's threads running besides the calling one (see :mod:`smartexec._threads`).
-
-    smartexec's own (named ``smartexec-*``, paused or released around a fork)
-    do not count, nor library threads found idle in a known wait (joblib's
-    and loky's, tqdm's monitor, a Jupyter kernel's): forking cannot copy a
-    lock they hold; but those of its threads running the user's code do,
-    unless ``own_user_code`` is False.
-    """
-    return len(_threads.census(own_user_code=own_user_code).running)
-
-
-def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Decision:
-    """``decision`` with a reason naming the library threads left out, when it forks."""
-    reason = found.reason()
-    if reason is None or decision.backend != "fork" or found.running:
-        return decision
-    return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
 
 
 def _chunk_timeout(
@@ -494,7 +417,7 @@ class SmartExecutor(Executor):
             )
         if backend is not None:
             factory = self._check_available(backend)
-            if task_timeout is not None and not _takes_timeouts(factory):
+            if task_timeout is not None and not takes_timeouts(factory):
                 raise ValueError(
                     f"backend {backend!r} cannot stop or time out one task, so "
                     f"task_timeout={task_timeout:g} cannot be honoured there; use "
@@ -502,7 +425,7 @@ class SmartExecutor(Executor):
                     f"future at the deadline), or leave backend unset"
                 )
         self._platform = current_platform()
-        self._options = Options(
+        options = Options(
             backend=backend,
             prefer=prefer,
             big_state_bytes=big_state_bytes,
@@ -515,12 +438,16 @@ class SmartExecutor(Executor):
             initializer=initializer is not None,
             allow_inline=allow_inline,
         )
+        self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
+        self._lock = threading.RLock()
+        self._router = Router(
+            self._platform, options, self._log, self._lock, initializer is not None
+        )
         self._allow_inline = allow_inline
         self._task_timeout = task_timeout
         self._max_retries = max_retries
         self._progress = progress_factory(progress)
         self._max_workers = max_workers
-        self._lock = threading.RLock()
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
         #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
@@ -529,8 +456,6 @@ class SmartExecutor(Executor):
         #: Those whose rest is sent if this executor is dropped unshut (see
         #: _release_backends): held weakly, so that no map keeps it alive.
         self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
-        self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
-        self._decided_with_threads: dict[Any, bool] = {}
         self._stats = StatsRecorder()
         # Dropped without shutdown(): let the backends go when this object
         # dies, as the stdlib executors do (the callback holds no reference to
@@ -542,7 +467,6 @@ class SmartExecutor(Executor):
         weakref.finalize(
             self, _release_backends, self._backends, self._rest_if_dropped
         ).atexit = False
-        self._log: collections.deque[Decision] = collections.deque(maxlen=DECISION_LOG_SIZE)
         self._started: set[str] = set()
         # Completed submits' figures (smartexec._submit_learning) move later
         # submits to threads only where the route to processes is the
@@ -649,221 +573,31 @@ class SmartExecutor(Executor):
 
     # -- routing -----------------------------------------------------------------
 
+    @property
+    def _options(self) -> Options:
+        """The user's options, as routing reads them (see :meth:`_keep_stoppable`)."""
+        return self._router.options
+
     def _route(self, fn: Callable[..., Any], record: bool = True) -> tuple[Decision, Estimate]:
-        """The policy's decision for ``fn`` and its per-item estimate, cached weakly.
-
-        Decided again when threads of the user's start or stop running (see
-        :func:`smartexec.policy.decide`'s ``other_threads``). With
-        ``record`` False (``explain()``, a dry run) the same decision is
-        made and cached (map would make it alike) but not logged in
-        :meth:`decisions`.
-        """
-        key = identity_key(fn)
-        cached = self._decisions.get(key)
-        if cached is not None and cached[0].matches(fn):
-            decision, estimate = cached[1], cached[2]
-            if decision.backend == "thread" and not (
-                self._options.initializer or self._options.stoppable
-            ):
-                # Other threads only ever move work off fork (or, with an
-                # initializer or a task_timeout, onto it): not worth looking
-                # at them at every submit (2-13 us).
-                return decision, estimate
-        found = _threads.census()
-        if found.running and not self._decided_with_threads.get(key, False):
-            # Busy library threads only: wait a moment before routing off fork.
-            found = _threads.census(ROUTE_SETTLE_S)
-        threads = len(found.running)
-        if cached is not None and cached[0].matches(fn):
-            decision, estimate = cached[1], cached[2]
-            if (threads > 0) == self._decided_with_threads.get(key, False):
-                return decision, estimate
-            assert decision.profile is not None
-            measured, stored = _earlier(fn)
-            decision = decide(decision.profile, self._platform, self._options, measured, threads)
-            decision = _from_earlier_run(decision, stored)
-            decision = _with_thread_census(decision, found)
-            self._decisions[key] = (cached[0], decision, estimate)
-            self._decided_with_threads[key] = threads > 0
-            if record:
-                self._log.append(decision)
-            return decision, estimate
-        measured, stored = _earlier(fn)
-        decision = decide(inspect_callable(fn), self._platform, self._options, measured, threads)
-        decision = _from_earlier_run(decision, stored)
-        if any(rule_of(r) == INITIALIZER_BY_VALUE_RULE for r in decision.reasons):
-            warnings.warn(
-                f"{callable_name(fn)}: {INITIALIZER_BY_VALUE}", RuntimeWarning, stacklevel=3
-            )
-        estimate = Estimate()
-        if stored is not None:
-            # A starting point only: the first chunks' figures move it (and
-            # the GIL is watched again where this route measures it).
-            estimate.seed(stored.per_item_s, stored.items, stored.send_s)
-            if stored.from_this_process:
-                # Only items too cheap for any worker to gain on start in a
-                # loop: dearer ones that a loop won for their sending costs
-                # start on threads, whose figures may send them to processes.
-                estimate.loop_here = starts_in_loop(stored.backend, stored.per_item_s)
-            decision = self._where_it_ended(decision, stored)
-        decision = _with_thread_census(decision, found)
-        decisions = self._decisions  # the weakref callback must not hold self
-        with_threads = self._decided_with_threads
-
-        def forget() -> None:
-            decisions.pop(key, None)
-            with_threads.pop(key, None)
-
-        handle = WeakCallable(fn, forget)
-        if handle.weak:
-            decisions[key] = (handle, decision, estimate)
-            with_threads[key] = threads > 0
-        if record:
-            self._log.append(decision)
-        return decision, estimate
+        """``fn``'s decision and per-item estimate (:meth:`Router.route`)."""
+        return self._router.route(fn, record)
 
     def _keep_stoppable(self) -> None:
-        """Route as under a ``task_timeout``, with no deadline: keep work where a call can be stopped.
+        """Route as under a ``task_timeout``, with no deadline (:meth:`Router.keep_stoppable`).
 
-        For joblib's ``Parallel(timeout=)``, which stops a run itself (its
-        ``abort_everything`` kills the workers): work bound for threads
-        (by the policy, a measurement or an earlier run) or loky goes to
-        fork, and no map or submit moves it to threads later
-        (:func:`smartexec.policy.stoppable`). Call it before any work.
+        For joblib's ``Parallel(timeout=)``; no submit moves work to threads either.
         """
-        with self._lock:
-            self._options = dataclasses.replace(self._options, stoppable=True)
-            self._submits.keep_stoppable(self._options)
-            self._decisions.clear()
-            self._decided_with_threads.clear()
-
-    def _nested_on_threads(self, backend: Backend, decision: Decision) -> Decision | None:
-        """A map called from this executor's own thread, bound for those threads: run it here.
-
-        A call on a pool thread that maps on the same executor waits for
-        chunks queued behind calls like itself; once every thread waits so,
-        nothing runs (a deadlock, as with a ``ThreadPoolExecutor`` a task
-        submits to and waits on). smartexec may have put the outer calls on
-        threads itself (they wait), where on processes the nested map ran
-        inline (a worker process runs nested work inline): so it runs here,
-        in the calling thread, as a loop. Returns the logged decision, or
-        None when the map is not nested so (hold ``self._lock``).
-        """
-        if backend.name != "thread" or not getattr(backend, "runs_this_thread", bool)():
-            return None
-        nested = dataclasses.replace(
-            decision,
-            backend="inline",
-            share=False,
-            measure=False,
-            reasons=(
-                *decision.reasons,
-                "called from one of this executor's own threads: mapped on those threads, "
-                "it would wait for chunks queued behind calls that wait like it (a "
-                "deadlock once every thread waits), so it runs in the calling thread",
-            ),
-        )
-        if not self._log or self._log[-1] != nested:  # once per run of nested maps
-            self._log.append(nested)
-        return nested
-
-    def _where_it_ended(self, decision: Decision, stored: _profiles.StoredProfile) -> Decision:
-        """Start where ``stored``'s last map or submits ended, within what may be trusted.
-
-        An earlier run's figures only ever move a callable toward processes
-        (see :func:`_earlier`): one whose last map ended on threads or in a
-        loop here starts where the policy says, and its first chunks move
-        it again. Another executor of this process is fresh evidence: its
-        callable starts on threads where that one ended there (its effects
-        permitting).
-        """
-        if (
-            decision.share
-            or self._options.backend is not None
-            or self._options.prefer is not None
-            or self._initializer is not None
-            or self._options.stoppable
-        ):
-            return decision
-        if (
-            stored.from_this_process
-            and stored.backend in ("thread", "inline")
-            and decision.backend in ("fork", "loky")
-            and permits(decision.profile, "thread", self._options)
-        ):
-            why = (
-                "its submits' figures moved it there"
-                if stored.source == "submits"
-                else "measured too cheap to send to processes"
-                if stored.backend == "inline"
-                or (stored.gil is not None and stored.gil.kind == "holds")
-                else "no route was predicted faster there"
-            )
-            kept = reasons_off_processes(decision.reasons)
-            return dataclasses.replace(
-                decision,
-                backend="thread",
-                reasons=(
-                    *kept,
-                    f"{stored.last_work()} ended on {stored.backend} ({why}): this "
-                    f"one starts on threads",
-                ),
-            )
-        if stored.backend in ("fork", "loky") and decision.backend == "thread":
-            # Its kind says threads, but its last map stayed on (or moved to)
-            # processes on the figures: start there, or runs would alternate.
-            assert decision.profile is not None
-            found = alternatives(decision.profile, self._platform, self._options, _other_threads())
-            target = next((d for r, d in found.items() if r in ("fork", "loky")), None)
-            if target is not None:
-                # The threads reasons do not hold for this route, nor does
-                # the alternative's own "off threads" reason (this one says why).
-                kept = tuple(r for r in target.reasons[1:] if r is not ELSEWHERE_THREADS)
-                return dataclasses.replace(
-                    target,
-                    gil=decision.gil,
-                    reasons=(
-                        decision.reasons[0],
-                        f"{stored.last_work()} ended on {stored.backend} on its "
-                        f"measured times (its GIL figures alone would send it to threads): "
-                        f"this one starts on {target.backend}",
-                        *kept,
-                    ),
-                )
-        return decision
+        self._router.keep_stoppable()
+        self._submits.learns = False
 
     def _with_timeout(self, decision: Decision, task_timeout: float | None) -> Decision:
-        """Move a decision to a backend that can time out one task, if needed.
+        return self._router.with_timeout(decision, task_timeout)
 
-        Raises:
-            ValueError: the user forced a backend that cannot time out a task.
-        """
-        if task_timeout is None:
-            return decision
-        threads = _other_threads()
-        decision = stoppable(decision, self._platform, self._options, threads)
-        if _takes_timeouts(get_backend_class(decision.backend)):
-            return decision
-        if self._options.backend is not None:
-            raise ValueError(
-                f"backend {decision.backend!r} cannot time out one task; use "
-                f'backend="fork" or backend="thread" for task_timeout'
-            )
-        fork_ok = self._platform.has_fork and self._options.start_method in (None, "fork")
-        threads_ok = permits(decision.profile, "thread", self._options)
-        # Fork while other threads run risks a lock copied held; threads would
-        # compute something else for this callable (its effects): fork, then.
-        target = "fork" if fork_ok and (not threads or not threads_ok) else "thread"
-        return dataclasses.replace(
-            decision,
-            backend=target,
-            share=decision.share and target == "fork",
-            reasons=(
-                *decision.reasons,
-                f"task_timeout={task_timeout:g} s: {decision.backend} cannot time out one "
-                f"task, {target} can",
-            ),
-        )
+    def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
+        """Start ``fn``'s next maps (and its submits) on ``decision``'s backend, saying why."""
+        with self._lock:
+            self._submits.follow_map(identity_key(fn), decision.backend)
+            self._router.route_next(fn, decision, why)
 
     def _backend(self, name: str) -> Backend:
         backend = self._backends.get(name)
@@ -1177,22 +911,6 @@ class SmartExecutor(Executor):
         run = RoutedMap(self, fn, decision, estimate, backend, inputs, end_time, buffersize, dear)
         return run.start(remaining, ordered)
 
-    def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
-        """Start ``fn``'s next maps on ``decision``'s backend, saying why."""
-        key = identity_key(fn)
-        reason = Reason(LAST_MAP_RULE, f"its last map: {why}")
-        with self._lock:
-            self._submits.follow_map(key, decision.backend)
-            cached = self._decisions.get(key)
-            if cached is not None and cached[0].matches(fn):
-                kept = tuple(r for r in decision.reasons if rule_of(r) != LAST_MAP_RULE)
-                if decision.backend in ("thread", "inline"):
-                    kept = reasons_off_processes(kept)  # moved there on its figures
-                else:
-                    kept = measured_reasons(kept)  # measured: its figures follow
-                next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
-                self._decisions[key] = (cached[0], next_decision, cached[2])
-
     def _parallelism(self, backend: Backend, decision: Decision) -> int:
         """How many items ``backend`` can run at once for ``decision``'s callable.
 
@@ -1233,19 +951,6 @@ class SmartExecutor(Executor):
             startup_s=0.0,
             overhead_s=backend.chunk_overhead_s,
         ).inline
-
-    def _measured(self, fn: Callable[..., Any], decision: Decision, gil: GilProfile) -> Decision:
-        """Decide again for ``fn`` with a GIL measurement; cache and log the result."""
-        assert decision.profile is not None
-        new = decide(decision.profile, self._platform, self._options, gil, _other_threads())
-        remember(fn, gil)
-        key = identity_key(fn)
-        with self._lock:
-            cached = self._decisions.get(key)
-            if cached is not None and cached[0].matches(fn):
-                self._decisions[key] = (cached[0], new, cached[2])
-            self._log.append(new)
-        return new
 
     def _open_stream(
         self,
