@@ -36,6 +36,7 @@ from ._mapping import (
     ChunkStream,
     InlineRun,
     SendableChain,
+    StreamPlan,
     common_length,
     count_at_end,
     dear_to_send,
@@ -329,18 +330,17 @@ class MapRun:
         )
 
     def open_stream(self, rest: Iterator[tuple[Any, ...]], left: int | None) -> ChunkStream:
-        return self.ex._open_stream(
+        plan = StreamPlan(
             self.fn,
             self.decision,
             self.estimate,
             self.backend,
-            rest,
-            left,
             self.chunksize,
             self.buffersize,
             self.end_time,
             self.task_timeout,
         )
+        return self.ex._open_stream(plan, rest, left)
 
     def _fixed_stream(self) -> Iterator[Any]:
         """Every item sent as the user fixed it: nothing runs in this thread."""

@@ -39,11 +39,17 @@ import time
 import types
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._remote import Call, ChunkResult, run_chunk
 from .errors import TaskTimeoutError, WorkerCrashedError
 from .transport import BIG_BUFFER_BYTES, SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
+
+if TYPE_CHECKING:
+    from .backends._base import Backend
+    from .policy import Decision
+
 from .tuning import (
     MAX_CHUNK_ITEMS,
     PROBE_S,
@@ -59,6 +65,7 @@ T = TypeVar("T")
 LOGGER = logging.getLogger("smartexec")
 
 __all__ = [
+    "StreamPlan",
     "ChunkStream",
     "InlineRun",
     "as_generator",
@@ -109,6 +116,46 @@ class _Slot:
 #: From an input of unknown length, a chunk is sent once filling it has taken
 #: this many seconds, full or not.
 FILL_S = 0.05
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What a map's :class:`ChunkStream` is opened from (``SmartExecutor._open_stream``).
+
+    Attributes:
+        fn: the user's callable.
+        decision: where it runs (``decision.share``: by copy-on-write).
+        estimate: the per-item figures the chunks are sized from.
+        backend: the backend the chunks go to.
+        chunksize: the user's fixed chunk size, or None (tuned).
+        buffersize: chunks on their way at most, or None (the default window).
+        end_time: ``time.monotonic()`` deadline of the map, or None.
+        task_timeout: seconds per call, or None.
+        measure_first: chunks hold one item until an item is measured.
+        on_result: sees each chunk's reply and its calls.
+        probe: the first chunks' sizes before the full window (see :class:`ChunkStream`).
+        on_send: hears ``(items, seconds)`` of each chunk's sending.
+        keep_first_error: see :class:`ChunkStream`.
+        clocked: whether the chunks sent now need their CPU seconds (a
+            router reads them); None: no chunk does. A backend with an
+            ``unclocked`` method (threads) then runs them without reading
+            the thread's CPU clock, which costs a thread its turn under load.
+    """
+
+    fn: Any
+    decision: Decision
+    estimate: Estimate
+    backend: Backend
+    chunksize: int | None = None
+    buffersize: int | None = None
+    end_time: float | None = None
+    task_timeout: float | None = None
+    measure_first: bool = False
+    on_result: Callable[[ChunkResult, list[Call]], None] | None = None
+    probe: tuple[int, int] | None = None
+    on_send: Callable[[int, float], None] | None = None
+    keep_first_error: bool = False
+    clocked: Callable[[], bool] | None = None
 
 
 class ChunkStream:

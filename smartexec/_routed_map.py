@@ -28,6 +28,7 @@ from ._mapping import (
     ChunkStream,
     InlineStream,
     Relay,
+    StreamPlan,
     measure_pickling,
     stream_values,
 )
@@ -136,22 +137,20 @@ class RoutedMap:
         """Open the stream (first chunks of one item each) and return the map's results."""
         ex, backend, estimate = self.owner(), self.backend, self.estimate
         assert ex is not None  # the caller holds it
-        stream = ex._open_stream(
+        plan = StreamPlan(
             self.fn,
             self.decision,
             estimate,
             backend,
-            self.inputs,
-            remaining,
-            None,
-            self.buffersize,
-            self.end_time,
+            buffersize=self.buffersize,
+            end_time=self.end_time,
             measure_first=estimate.per_item_s is None,
             on_result=self.on_result,
             probe=self.probe(),
             on_send=None if backend.shares_memory else self.evidence.add_send,
             clocked=self.clocked,
         )
+        stream = ex._open_stream(plan, self.inputs, remaining)
         self.stream, self.relay = stream, Relay(stream)
         started = (
             f"started on {backend.name} at once: its first chunks, run in the workers, "
@@ -495,18 +494,16 @@ class RoutedMap:
             # An error of the input (or in sending an item) while the new
             # stream reads its first window belongs to the map at its place:
             # kept by the stream, raised after every result before it.
-            new = ex._open_stream(
+            plan = StreamPlan(
                 self.fn,
                 moved,
                 estimate,
                 target_backend,
-                self.inputs,
-                left,
-                None,
-                self.buffersize,
-                self.end_time,
+                buffersize=self.buffersize,
+                end_time=self.end_time,
                 keep_first_error=True,
             )
+            new = ex._open_stream(plan, self.inputs, left)
         except Exception as exc:  # e.g. shut down meanwhile: stay
             stream.reattach()
             said = (f"{verdict.reason}; the move failed: {exc}",)

@@ -33,6 +33,7 @@ from ._map_run import require_int as _require_int
 from ._mapping import (
     ChunkStream,
     InlineRun,
+    StreamPlan,
     as_generator,
     common_length,
     default_buffersize,
@@ -953,36 +954,12 @@ class SmartExecutor(Executor):
         ).inline
 
     def _open_stream(
-        self,
-        fn: Callable[..., Any],
-        decision: Decision,
-        estimate: Estimate,
-        backend: Backend,
-        inputs: Iterator[tuple[Any, ...]],
-        remaining: int | None,
-        chunksize: int | None,
-        buffersize: int | None,
-        end_time: float | None,
-        task_timeout: float | None = None,
-        measure_first: bool = False,
-        on_result: Callable[[ChunkResult, list[Call]], None] | None = None,
-        probe: tuple[int, int] | None = None,
-        on_send: Callable[[int, float], None] | None = None,
-        keep_first_error: bool = False,
-        clocked: Callable[[], bool] | None = None,
+        self, plan: StreamPlan, inputs: Iterator[tuple[Any, ...]], remaining: int | None
     ) -> ChunkStream:
-        """Start sending ``inputs`` to ``backend`` in chunks; the first window goes now.
-
-        ``measure_first``: until an item is measured, chunks hold one item;
-        ``on_result`` sees each chunk's reply; ``probe``: the first chunks
-        before the full window (see :class:`~smartexec._mapping.ChunkStream`);
-        ``on_send(items, seconds)`` hears how long each chunk took to send;
-        ``keep_first_error``: see :class:`~smartexec._mapping.ChunkStream`;
-        ``clocked()``: whether the chunks sent now need their CPU seconds
-        (a router reads them); None: no chunk does. A backend with an
-        ``unclocked`` method (threads) then runs them without reading the
-        thread's CPU clock, which costs a thread its turn under load.
-        """
+        """Start sending ``inputs`` (``remaining`` of them, None: unknown) as ``plan`` says; the first window goes now."""
+        fn, decision, estimate, backend = plan.fn, plan.decision, plan.estimate, plan.backend
+        chunksize, buffersize, clocked = plan.chunksize, plan.buffersize, plan.clocked
+        on_send, task_timeout = plan.on_send, plan.task_timeout
         with self._lock:
             _check_open(self)
             target = backend.prepare(fn, decision.share)
@@ -1031,15 +1008,15 @@ class SmartExecutor(Executor):
                 estimate=None if chunksize is not None else estimate,
                 fixed_chunksize=chunksize,
                 buffersize=buffersize or default_buffersize(backend.max_workers),
-                end_time=end_time,
+                end_time=plan.end_time,
                 on_chunk_error=explain_error,
                 in_process=backend.shares_memory,
                 max_retries=self._max_retries,
-                measure_first=measure_first and chunksize is None,
+                measure_first=plan.measure_first and chunksize is None,
                 abort=backend.abort,
-                on_result=on_result,
-                probe=probe if chunksize is None else None,
-                keep_first_error=keep_first_error,
+                on_result=plan.on_result,
+                probe=plan.probe if chunksize is None else None,
+                keep_first_error=plan.keep_first_error,
             )
             self._to_finish(stream, send_rest=buffersize is None and remaining is not None)
             return stream
