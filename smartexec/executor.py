@@ -179,6 +179,50 @@ def _options_without_backend(options: dict[str, Any]) -> str:
     return message + (". " + "; ".join(hints) if hints else "")
 
 
+def _check_arguments(
+    *,
+    max_workers: Any,
+    backend: Any,
+    prefer: Any,
+    big_state_bytes: Any,
+    max_retries: Any,
+    allow_inline: Any,
+    backend_options: dict[str, Any],
+) -> None:
+    """Refuse ``SmartExecutor()`` arguments of the wrong type or value, naming the fix.
+
+    Raises:
+        TypeError: a wrong type, or backend options with no ``backend=``.
+        ValueError: a value out of range, or an unknown ``prefer``.
+    """
+    if max_workers is not None:
+        _require_int("max_workers", max_workers, "an int or None")
+        if max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(
+            f"backend must be a backend name (str) or None, got {backend!r} "
+            f'({type(backend).__qualname__}); e.g. backend="thread"'
+        )
+    _require_int("big_state_bytes", big_state_bytes, "an int (bytes)")
+    if big_state_bytes < 0:
+        raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
+    if prefer is not None and prefer not in PREFER_VALUES:
+        raise ValueError(
+            f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, got {prefer!r}"
+        )
+    if backend_options and backend is None:
+        raise TypeError(_options_without_backend(backend_options))
+    _require_int("max_retries", max_retries, "an int")
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if not isinstance(allow_inline, bool):
+        raise TypeError(
+            f"allow_inline must be True or False, got {allow_inline!r} "
+            f"({type(allow_inline).__qualname__})"
+        )
+
+
 def _check_open(executor: SmartExecutor) -> None:
     error = executor._broken_error()
     if error is not None:
@@ -383,39 +427,21 @@ class SmartExecutor(Executor):
         allow_inline: bool = False,
         **backend_options: Any,
     ):
-        if max_workers is not None:
-            _require_int("max_workers", max_workers, "an int or None")
-            if max_workers <= 0:
-                raise ValueError("max_workers must be greater than 0")
-        if backend is not None and not isinstance(backend, str):
-            raise TypeError(
-                f"backend must be a backend name (str) or None, got {backend!r} "
-                f'({type(backend).__qualname__}); e.g. backend="thread"'
-            )
-        _require_int("big_state_bytes", big_state_bytes, "an int (bytes)")
-        if big_state_bytes < 0:
-            raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
-        if prefer is not None and prefer not in PREFER_VALUES:
-            raise ValueError(
-                f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, "
-                f"got {prefer!r}"
-            )
-        if backend_options and backend is None:
-            raise TypeError(_options_without_backend(backend_options))
+        _check_arguments(
+            max_workers=max_workers,
+            backend=backend,
+            prefer=prefer,
+            big_state_bytes=big_state_bytes,
+            max_retries=max_retries,
+            allow_inline=allow_inline,
+            backend_options=backend_options,
+        )
         task_timeout = _check_task_timeout(task_timeout)
-        _require_int("max_retries", max_retries, "an int")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self._initargs = _initializer.check(initializer, initargs)
         self._initializer = initializer
         self._max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
         start_method = _start_method(mp_context)
         self._check_worker_options(backend, start_method)
-        if not isinstance(allow_inline, bool):
-            raise TypeError(
-                f"allow_inline must be True or False, got {allow_inline!r} "
-                f"({type(allow_inline).__qualname__})"
-            )
         if backend is not None:
             factory = self._check_available(backend)
             if task_timeout is not None and not takes_timeouts(factory):
