@@ -132,6 +132,36 @@ class _ForkPool:
         self.digests: dict[int, bytes] = {}
         objects = live_objects()
         self.covered = frozenset(objects)
+        self._fork_first(objects, initializer, initargs, first)
+        del objects
+        self._max_workers = max(1, max_workers)
+        #: Compute seconds and count of the chunks finished here (see _grow).
+        self._work_s = 0.0
+        self._chunks_done = 0
+        #: When the dispatcher first ran: a chunk's wait for it is not its work.
+        self._dispatching_since: float | None = None
+        #: Since when chunks have waited with every worker busy, or None.
+        self._backlog_since: float | None = None
+        self._thread = threading.Thread(
+            target=self._run, name="smartexec-fork-dispatcher", daemon=True
+        )
+        self._thread.start()
+        _LIVE_POOLS.add(self)
+
+    def _fork_first(
+        self,
+        objects: Mapping[int, Any],
+        initializer: Callable[..., Any] | None,
+        initargs: tuple[Any, ...],
+        first: _Task | None,
+    ) -> None:
+        """Fork the zygote (and, where safe, the first workers) with ``objects`` in the trampoline table.
+
+        Raises:
+            BaseException: a fork failed (``EAGAIN``): nothing of this pool
+                is left running, and ``first``, if it was handed over, fails.
+        """
+        blas_threads = self._blas_threads
         # Fork now, in the caller's thread, before this pool's dispatcher
         # thread exists. When no other thread runs (ours paused), the first
         # DIRECT_WORKERS are forked here directly, as a hand-written fork
@@ -185,7 +215,6 @@ class _ForkPool:
             if first is not None and first.pool is self and first.future.running():
                 first.future.set_exception(exc)  # handed over: nobody else will end it
             raise
-        del objects
         # Process.start() in any thread reaps every finished child it knows of
         # (multiprocessing.process._children); this pool joins its own zygote.
         _mp_children = getattr(multiprocessing.process, "_children", None)
@@ -196,19 +225,6 @@ class _ForkPool:
             theirs.close()  # the zygote holds it now
             self._workers.append(_Worker(ident, ours))
         del pending
-        self._max_workers = max(1, max_workers)
-        #: Compute seconds and count of the chunks finished here (see _grow).
-        self._work_s = 0.0
-        self._chunks_done = 0
-        #: When the dispatcher first ran: a chunk's wait for it is not its work.
-        self._dispatching_since: float | None = None
-        #: Since when chunks have waited with every worker busy, or None.
-        self._backlog_since: float | None = None
-        self._thread = threading.Thread(
-            target=self._run, name="smartexec-fork-dispatcher", daemon=True
-        )
-        self._thread.start()
-        _LIVE_POOLS.add(self)
 
     # -- called from any thread ------------------------------------------------
 
