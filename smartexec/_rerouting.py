@@ -641,17 +641,7 @@ def reroute(
     kind = evidence.kind
     priced = kind if kind is not None else prior  # the kind the figures are taken on
     left = evidence.items if rest is None else rest
-    cores = 1.0
-    if evidence.watches and current != "thread":
-        # Watched in a worker process, the process's CPU is the item's own
-        # (its BLAS threads); on threads it is every worker thread's too.
-        cores = statistics.median(w.cores for w in evidence.watches)
-    per_item_s = evidence.per_item_s
-    if evidence.on_threads and priced == "releases" and evidence.cpu_per_item_s > 0:
-        # Threads that release the GIL, more of them than cores: each
-        # chunk's wall time holds its wait for a core (6 threads on 2 cores
-        # read 3x, and explain() predicted 4.6x the run); its CPU is the work.
-        per_item_s = min(per_item_s, evidence.cpu_per_item_s)
+    per_item_s, cores = _priced_item(evidence, current, priced)
     predicted = {
         route: predict_s(
             route,
@@ -695,26 +685,41 @@ def reroute(
             else f"{current} is fastest"
         )
         return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
+    return _move_if_worth_it(what, current, best, predicted, may_move)
+
+
+def _priced_item(evidence: Evidence, current: str, priced: GilKind | None) -> tuple[float, float]:
+    """The seconds per item and the cores one item keeps busy, as :func:`reroute` prices them."""
+    cores = 1.0
+    if evidence.watches and current != "thread":
+        # Watched in a worker process, the process's CPU is the item's own
+        # (its BLAS threads); on threads it is every worker thread's too.
+        cores = statistics.median(w.cores for w in evidence.watches)
+    per_item_s = evidence.per_item_s
+    if evidence.on_threads and priced == "releases" and evidence.cpu_per_item_s > 0:
+        # Threads that release the GIL, more of them than cores: each
+        # chunk's wall time holds its wait for a core (6 threads on 2 cores
+        # read 3x, and explain() predicted 4.6x the run); its CPU is the work.
+        per_item_s = min(per_item_s, evidence.cpu_per_item_s)
+    return per_item_s, cores
+
+
+def _move_if_worth_it(
+    what: str, current: str, best: str, predicted: dict[str, float], may_move: bool
+) -> Reroute:
+    """Move to ``best`` only if it gains :data:`SWITCH_GAIN` times and :data:`SWITCH_MIN_S` seconds."""
+    here = predicted[current]
     gain = here / max(predicted[best], 1e-9)
     saved = here - predicted[best]
     if gain < SWITCH_GAIN:
-        return Reroute(
-            None,
-            predicted,
-            f"{what} -> stays on {current} ({best} would gain only {gain:.2f}x)",
+        why = f"{best} would gain only {gain:.2f}x"
+    elif saved < SWITCH_MIN_S:
+        why = (
+            f"{best} would save only {saved * 1e3:.1f} ms; "
+            f"a move must save {SWITCH_MIN_S * 1e3:.0f} ms"
         )
-    if saved < SWITCH_MIN_S:
-        return Reroute(
-            None,
-            predicted,
-            f"{what} -> stays on {current} ({best} would save only {saved * 1e3:.1f} ms; "
-            f"a move must save {SWITCH_MIN_S * 1e3:.0f} ms)",
-        )
-    if not may_move:
-        return Reroute(
-            None,
-            predicted,
-            f"{what} -> stays on {current} (its route was decided on its first chunks; "
-            f"{best} would gain {gain:.1f}x)",
-        )
-    return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")
+    elif not may_move:
+        why = f"its route was decided on its first chunks; {best} would gain {gain:.1f}x"
+    else:
+        return Reroute(best, predicted, f"{what} -> the rest moves to {best} ({gain:.1f}x)")
+    return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
