@@ -380,58 +380,10 @@ def _inspect(fn: Callable[..., Any], cap_bytes: int) -> CallableProfile:
         )
     if isinstance(fn, type):
         return CallableProfile("class", name, pickles_by_reference(fn), none)
-    if isinstance(fn, types.MethodType):
-        owner = fn.__self__
-        if isinstance(owner, type):  # classmethod: the class pickles by reference
-            return CallableProfile("bound_method", name, pickles_by_reference(owner), none)
-        state = payload_size(owner, cap_bytes=cap_bytes)
-        return CallableProfile(
-            "bound_method",
-            name,
-            pickles_by_reference(fn.__func__),
-            state,
-            f"__self__ ({_a(owner)})",
-            _gil_hint(type(owner)),
-            code_hint(fn.__func__),
-        )
-    if isinstance(fn, types.BuiltinFunctionType):
-        owner = fn.__self__
-        if owner is None or isinstance(owner, (types.ModuleType, type)):
-            return CallableProfile(
-                "builtin", name, True, none, gil_hint=_gil_hint(fn), code_hint=operator_hint(fn)
-            )
-        state = payload_size(owner, cap_bytes=cap_bytes)
-        return CallableProfile(
-            "bound_method", name, True, state, f"__self__ ({_a(owner)})", _gil_hint(type(owner))
-        )
+    if isinstance(fn, (types.MethodType, types.BuiltinFunctionType)):
+        return _inspect_method(fn, name, cap_bytes)
     if isinstance(fn, types.FunctionType):
-        by_reference = pickles_by_reference(fn)
-        if by_reference:
-            return CallableProfile(
-                "function", name, True, none, gil_hint=_gil_hint(fn), code_hint=code_hint(fn)
-            )
-        if fn.__name__ == "<lambda>":
-            kind = "lambda"
-        elif fn.__closure__:
-            kind = "closure"
-        elif fn.__module__ == "__main__" and "<locals>" not in fn.__qualname__:
-            kind = "main"
-        else:
-            kind = "nested"
-        cells = fn.__code__.co_freevars
-        holder = (
-            "cells " + ", ".join(repr(c) for c in cells)
-            if cells
-            else "its code and the globals it uses"
-        )
-        return CallableProfile(
-            kind,
-            name,
-            False,
-            payload_size(fn, cap_bytes=cap_bytes),
-            holder,
-            code_hint=code_hint(fn),
-        )
+        return _inspect_function(fn, name, cap_bytes)
     if isinstance(
         fn,
         (
@@ -455,6 +407,67 @@ def _inspect(fn: Callable[..., Any], cap_bytes: int) -> CallableProfile:
         payload_size(fn, cap_bytes=cap_bytes),
         f"the {type(fn).__qualname__} instance",
         _gil_hint(type(fn)),
+    )
+
+
+def _inspect_method(fn: Any, name: str, cap_bytes: int) -> CallableProfile:
+    """A bound method (Python or builtin), a classmethod, or a module-level builtin."""
+    none = PayloadSize(0)
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        if isinstance(owner, type):  # classmethod: the class pickles by reference
+            return CallableProfile("bound_method", name, pickles_by_reference(owner), none)
+        state = payload_size(owner, cap_bytes=cap_bytes)
+        return CallableProfile(
+            "bound_method",
+            name,
+            pickles_by_reference(fn.__func__),
+            state,
+            f"__self__ ({_a(owner)})",
+            _gil_hint(type(owner)),
+            code_hint(fn.__func__),
+        )
+    # a builtin function or method
+    owner = fn.__self__
+    if owner is None or isinstance(owner, (types.ModuleType, type)):
+        return CallableProfile(
+            "builtin", name, True, none, gil_hint=_gil_hint(fn), code_hint=operator_hint(fn)
+        )
+    state = payload_size(owner, cap_bytes=cap_bytes)
+    return CallableProfile(
+        "bound_method", name, True, state, f"__self__ ({_a(owner)})", _gil_hint(type(owner))
+    )
+
+
+def _inspect_function(fn: types.FunctionType, name: str, cap_bytes: int) -> CallableProfile:
+    """A Python function: by reference when importable, else by value (lambda, closure, ...)."""
+    none = PayloadSize(0)
+    by_reference = pickles_by_reference(fn)
+    if by_reference:
+        return CallableProfile(
+            "function", name, True, none, gil_hint=_gil_hint(fn), code_hint=code_hint(fn)
+        )
+    if fn.__name__ == "<lambda>":
+        kind = "lambda"
+    elif fn.__closure__:
+        kind = "closure"
+    elif fn.__module__ == "__main__" and "<locals>" not in fn.__qualname__:
+        kind = "main"
+    else:
+        kind = "nested"
+    cells = fn.__code__.co_freevars
+    holder = (
+        "cells " + ", ".join(repr(c) for c in cells)
+        if cells
+        else "its code and the globals it uses"
+    )
+    return CallableProfile(
+        kind,
+        name,
+        False,
+        payload_size(fn, cap_bytes=cap_bytes),
+        holder,
+        code_hint=code_hint(fn),
     )
 
 
