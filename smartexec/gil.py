@@ -701,15 +701,92 @@ class Watched:
         self.profile = profile
 
 
-class _WatchState:
-    __slots__ = ("next", "stop", "exhausted", "error_at", "error")
+class _Watch:
+    """One :func:`watch`: its items taken in order by every thread, their outcomes, the sampler."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: Iterator[Any],
+        star: bool,
+        max_items: int,
+        seconds: float,
+        early_s: float | None,
+    ):
+        self.fn, self.inputs, self.star, self.max_items = fn, inputs, star, max_items
+        self.lock = threading.Lock()
+        self.outcomes: dict[int, Any] = {}
+        self.sampler = GilSampler()
+        self.deadline = time.perf_counter() + seconds
+        #: With one thread: when the watch may end early, once its figures are decisive.
+        self.early = None if early_s is None else self.deadline - seconds + early_s
+        self.reports: list[tuple[float, float, float]] = []  # the helper threads'
         self.next = 0  # index of the next item to take
         self.stop = False
         self.exhausted = False
         self.error_at: int | None = None
         self.error: BaseException | None = None
+
+    def take(self) -> tuple[int, Any] | None:
+        """The next item and its index, or None: time is up, enough taken, or the input ended."""
+        with self.lock:
+            if self.stop or self.next >= self.max_items or time.perf_counter() >= self.deadline:
+                return None
+            try:
+                item = next(self.inputs)
+            except StopIteration:
+                self.exhausted = self.stop = True
+                return None
+            except BaseException as exc:  # reading the input failed: at its position
+                self.stop = True
+                self.error_at, self.error = self.next, exc
+                return None
+            index = self.next
+            self.next = index + 1
+            return index, item
+
+    def run_items(self) -> None:
+        """Run items until :meth:`take` gives none, an item raises, or the figures are decisive."""
+        check_at = self.early
+        fn, star = self.fn, self.star
+        while True:
+            taken = self.take()
+            if taken is None:
+                return
+            index, item = taken
+            try:
+                self.outcomes[index] = fn(*item) if star else fn(item)
+            except BaseException as exc:
+                with self.lock:
+                    self.stop = True
+                    if self.error_at is None or index < self.error_at:
+                        self.error_at, self.error = index, exc
+                if not isinstance(exc, Exception):
+                    raise
+            if check_at is not None and (now := time.perf_counter()) >= check_at:
+                if self.sampler.decisive():
+                    return
+                check_at = now + 0.002
+
+    def helper(self) -> None:
+        """A helper thread's loop: its items, then its own figures for the sampler."""
+        start, first, cpu = time.perf_counter(), sched_times(), time.thread_time()
+        try:
+            with running_user_code():
+                self.run_items()
+        except BaseException:  # recorded by run_items; a helper never raises
+            pass
+        last = sched_times()
+        queued = 0.0 if first is None or last is None else last[1] - first[1]
+        self.reports.append((time.perf_counter() - start, queued, time.thread_time() - cpu))
+
+    def result(self) -> Watched:
+        """The outcomes in input order up to the first failing item, and the measurement."""
+        self.sampler.items = self.next
+        profile = self.sampler.stop(self.reports)
+        end = self.next if self.error_at is None else self.error_at
+        results = [self.outcomes[i] for i in range(end)]
+        return Watched(results, self.error, self.exhausted, profile)
 
 
 def watch(
@@ -745,83 +822,22 @@ def watch(
     Returns:
         A :class:`Watched`.
     """
-    lock = threading.Lock()
-    outcomes: dict[int, Any] = {}
-    state = _WatchState()
-    sampler = GilSampler()
-    deadline = time.perf_counter() + seconds
-    reports: list[tuple[float, float, float]] = []
-
-    def take() -> tuple[int, Any] | None:
-        with lock:
-            if state.stop or state.next >= max_items or time.perf_counter() >= deadline:
-                return None
-            try:
-                item = next(inputs)
-            except StopIteration:
-                state.exhausted = state.stop = True
-                return None
-            except BaseException as exc:  # reading the input failed: at its position
-                state.stop = True
-                state.error_at, state.error = state.next, exc
-                return None
-            index = state.next
-            state.next = index + 1
-            return index, item
-
-    early = None if decided_s is None or threads > 1 else deadline - seconds + decided_s
-
-    def run_items() -> None:
-        check_at = early
-        while True:
-            taken = take()
-            if taken is None:
-                return
-            index, item = taken
-            try:
-                outcomes[index] = fn(*item) if star else fn(item)
-            except BaseException as exc:
-                with lock:
-                    state.stop = True
-                    if state.error_at is None or index < state.error_at:
-                        state.error_at, state.error = index, exc
-                if not isinstance(exc, Exception):
-                    raise
-            if check_at is not None and (now := time.perf_counter()) >= check_at:
-                if sampler.decisive():
-                    return
-                check_at = now + 0.002
-
-    def helper() -> None:
-        start, first, cpu = time.perf_counter(), sched_times(), time.thread_time()
-        try:
-            with running_user_code():
-                run_items()
-        except BaseException:  # recorded by run_items; a helper never raises
-            pass
-        last = sched_times()
-        queued = 0.0 if first is None or last is None else last[1] - first[1]
-        reports.append((time.perf_counter() - start, queued, time.thread_time() - cpu))
-
+    early_s = None if decided_s is None or threads > 1 else decided_s
+    run = _Watch(fn, inputs, star, max_items, seconds, early_s)
     helpers = [
-        threading.Thread(target=helper, name="smartexec-gil-watch", daemon=True)
+        threading.Thread(target=run.helper, name="smartexec-gil-watch", daemon=True)
         for _ in range(max(0, threads - 1))
     ]
-    sampler.start()
+    run.sampler.start()
     try:
         for thread in helpers:
             thread.start()
-        run_items()
+        run.run_items()
         for thread in helpers:
             thread.join()
     except BaseException:
-        with lock:
-            state.stop = True
-        sampler.stop()
+        with run.lock:
+            run.stop = True
+        run.sampler.stop()
         raise
-    sampler.items = state.next
-    profile = sampler.stop(reports)
-    error_at = state.error_at
-    end = state.next if error_at is None else error_at
-    results = [outcomes[i] for i in range(end)]
-    return Watched(results, state.error, state.exhausted, profile)
+    return run.result()
