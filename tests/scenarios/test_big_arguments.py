@@ -119,13 +119,13 @@ def test_items_with_big_arguments_of_their_own_send_one_per_worker_first(monkeyp
     from smartexec import executor as executor_module
 
     sent: list[int] = []
-    real = executor_module._send
+    real = executor_module.send_chunk
 
     def counting(backend, target, calls, *args, **kwargs):
         sent.append(len(calls))
         return real(backend, target, calls, *args, **kwargs)
 
-    monkeypatch.setattr(executor_module, "_send", counting)
+    monkeypatch.setattr(executor_module, "send_chunk", counting)
     arrays = [np.full(2 * MiB // 8, i, dtype=np.float64) for i in range(8)]
     with SmartExecutor(2) as ex:
         assert ex.explain(total).backend == "fork"  # unmeasured: it may hold the GIL
