@@ -615,8 +615,8 @@ def test_done_callbacks_that_cancel_the_others_do_not_hang():
 def test_a_parked_future_released_late_or_refused():
     from concurrent.futures import Future
 
-    from smartexec.errors import PayloadPicklingError
     from smartexec._call_future import CallFuture as _CallFuture
+    from smartexec.errors import PayloadPicklingError
 
     parked = _CallFuture(None, waits, ((1,), {}), "fork", parked=True)
     assert parked.cancel()

@@ -173,11 +173,9 @@ def test_worker_stops_a_chunk_that_overruns_its_budget(chunk_sizes):
 
 def test_map_over_an_endless_generator_streams():
     with SmartExecutor(2, backend="fork") as ex:
-        start = time.perf_counter()
-        results = ex.map(noop, itertools.count())
+        results = ex.map(noop, itertools.count())  # a map that read it whole would hang (timeout)
         first = [next(results) for _ in range(10)]
         assert first == list(range(10))
-        assert time.perf_counter() - start < 5  # generous: the machine is shared
         results.close()
 
 
@@ -209,10 +207,8 @@ def test_early_exit_cancels_pending_chunks(chunk_sizes):
         results = ex.map(busy, range(100), itertools.repeat(0.2), chunksize=1)
         next(results)
         results.close()
-        start = time.perf_counter()
         ex.shutdown(wait=True)
-        assert time.perf_counter() - start < 5.0  # 99 x 0.2 s on 2 workers were not run
-    assert len(chunk_sizes) <= 10  # only the window was ever sent
+    assert len(chunk_sizes) <= 10  # only the window was ever sent: 99 x 0.2 s were not run
 
 
 def test_inline_run_moves_to_workers_when_items_turn_slow():
