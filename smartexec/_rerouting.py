@@ -27,7 +27,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .gil import IDLE_TICK_S, MIN_WATCH_S, GilKind, GilProfile, classify
+from ._system import IDLE_TICK_S
+from .gil import MIN_WATCH_S, GilKind, GilProfile, classify
 from .inspection import format_seconds
 from .tuning import predict_s
 
@@ -449,7 +450,7 @@ class Evidence:
         """How far :attr:`idle_cores` may be off, in cores.
 
         The machine's idle time is counted in whole ticks of
-        :data:`~smartexec.gil.IDLE_TICK_S`: its idle and I/O-wait parts are
+        :data:`~smartexec._system.IDLE_TICK_S`: its idle and I/O-wait parts are
         each rounded once, at either end of ``idle_wall_s``.
         """
         return 2 * IDLE_TICK_S / self.idle_wall_s if self.idle_wall_s > 0 else 0.0

@@ -34,8 +34,9 @@ from ._mapping import (
 )
 from ._remote import Call, ChunkResult
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, Reroute, reroute
+from ._system import IDLE_TICK_S
 from .backends._base import Backend
-from .gil import IDLE_TICK_S, GilProfile, remember
+from .gil import GilProfile, remember
 from .policy import Decision, alternatives, permits
 from .registry import get_backend_class
 from .tuning import Estimate

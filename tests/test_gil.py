@@ -437,7 +437,7 @@ def test_watch_sees_the_end_of_the_input_and_star_arguments():
 
 
 def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
-    from smartexec.gil import SchedReader, sched_times
+    from smartexec._system import SchedReader, sched_times
 
     me = threading.get_native_id()
     if sched_times(me) is None:
@@ -461,7 +461,7 @@ def test_the_sched_reader_keeps_one_descriptor_per_thread_and_closes_them():
 
 
 def test_the_sched_reader_reads_the_machines_idle_seconds_through_one_descriptor():
-    from smartexec.gil import IDLE_TICK_S, SchedReader
+    from smartexec._system import IDLE_TICK_S, SchedReader
 
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat here")
@@ -485,7 +485,7 @@ def test_the_sched_reader_reads_the_machines_idle_seconds_through_one_descriptor
 
 
 def test_the_sched_reader_tries_an_unreadable_proc_stat_once(monkeypatch):
-    from smartexec.gil import SchedReader
+    from smartexec._system import SchedReader
 
     tried = []
 

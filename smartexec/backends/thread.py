@@ -24,9 +24,9 @@ from .._blas import THREAD_CAP
 from .._context import on_threads
 from .._deadlines import call_later
 from .._remote import Call, ChunkResult, run_chunk
+from .._system import SchedReader, sched_times
 from .._threads import _USER_CODE, running_user_code, user_code_ends, user_code_starts
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
-from ..gil import SchedReader, sched_times
 from ..stats import CALLS_BATCH, CallLog
 from ._base import Backend
 
@@ -182,7 +182,7 @@ class ThreadBackend(Backend):
     def machine_idle_s(self) -> float | None:
         """Seconds the machine's CPUs spent idle so far, summed over them, or None.
 
-        See :meth:`smartexec.gil.SchedReader.idle_s` (Linux's
+        See :meth:`smartexec._system.SchedReader.idle_s` (Linux's
         ``/proc/stat``, in whole ticks of 10 ms). Read beside
         :meth:`threads_wanted_s`: threads that want few cores while cores
         sit idle wait for each other (the GIL); on a machine with no core
