@@ -76,7 +76,7 @@ import threading
 import time
 from typing import Any
 
-from ._system import deferred_interrupts
+from ._system import alive, deferred_interrupts
 
 __all__ = [
     "PREFIX",
@@ -696,27 +696,6 @@ def _worker_pid(name: str) -> int | None:
     return None
 
 
-def alive(pid: int) -> bool:
-    """Return True while process ``pid`` runs (a zombie has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat[stat.rfind(")") + 2 :][:1] != "Z"
-
-
-_alive = alive
-
-
 def sweep_dead_workers(owner: int | None = None) -> list[str]:
     """Unlink the named result segments that dead workers made for ``owner``.
 
@@ -734,7 +713,7 @@ def sweep_dead_workers(owner: int | None = None) -> list[str]:
     gone = []
     for name in _listed(owner):
         pid = _worker_pid(name)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not alive(pid):
             unlink(name)
             gone.append(name)
     return gone

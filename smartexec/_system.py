@@ -27,6 +27,7 @@ __all__ = [
     "mark_worker_process",
     "deferred_interrupts",
     "interpreter_exiting",
+    "alive",
     "sched_times",
     "SchedReader",
     "IDLE_TICK_S",
@@ -216,6 +217,24 @@ def _mark_interpreter_exit() -> None:
 
 # Runs before atexit handlers, as concurrent.futures' own hook does.
 getattr(threading, "_register_atexit", atexit.register)(_mark_interpreter_exit)
+
+
+def alive(pid: int) -> bool:
+    """Return True while process ``pid`` runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat[stat.rfind(")") + 2 :][:1] != "Z"
 
 
 # -- Linux scheduler statistics: a thread's CPU and queued time, the machine's idle time
