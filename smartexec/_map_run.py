@@ -7,7 +7,7 @@ stages, each a method a reader can hold:
 1. :meth:`MapRun.route` asks the executor's policy where the callable runs;
 2. :meth:`MapRun.start` picks how the map starts from that and from the
    user's fixed settings: in the caller (a synchronous backend), straight
-   to the workers (``_routed_map``, measured there), a fixed stream
+   to the workers (:class:`~smartexec._routed_map.RoutedMap`, measured there), a fixed stream
    (``chunksize=``, ``backend=`` ..., nothing to tune), or measured first;
 3. :meth:`MapRun.probe` runs the first items in the caller (and, where the
    route rests on the GIL, the next ones on two threads, watched);
@@ -49,12 +49,24 @@ from ._mapping import (
     then_raise,
 )
 from ._rerouting import CHEAP_ITEM_S
-from .gil import GIL_DECIDED_S, GIL_PROBE_MAX_ITEMS, GIL_PROBE_S, MANY_CORES, recheck_due, watch
+from ._routed_map import RoutedMap
+from .gil import (
+    GIL_DECIDED_S,
+    GIL_MIN_ITEM_S,
+    GIL_PROBE_MAX_ITEMS,
+    GIL_PROBE_S,
+    MANY_CORES,
+    recheck_due,
+    watch,
+)
 from .policy import permits
 from .tuning import PROBE_MAX_ITEMS, PROBE_S, Verdict, inline_verdict
 
 if TYPE_CHECKING:
+    from .backends._base import Backend
     from .executor import SmartExecutor
+    from .policy import Decision
+    from .tuning import Estimate
 
 __all__ = ["MapRun", "check_task_timeout", "require_int"]
 
@@ -266,7 +278,7 @@ class MapRun:
         )
 
     def _to_the_workers(self) -> Iterator[Any]:
-        """Every item to the route's workers, measured there (``_routed_map``)."""
+        """Every item to the route's workers, measured there (:class:`~smartexec._routed_map.RoutedMap`)."""
         dear = (
             not self.backend.shares_memory
             and self.estimate.per_item_s is None
@@ -274,18 +286,39 @@ class MapRun:
             and self.end_time is None  # it pickles an item here: no deadline could hold
             and dear_to_send(self.iterables)
         )
-        return self.ex._routed_map(
+        ex, decision, estimate, backend = self.ex, self.decision, self.estimate, self.backend
+        gil = decision.gil
+        if (
+            backend.shares_memory
+            and permits(decision.profile, "inline", ex._options)
+            and gil is not None
+            and gil.cores >= MANY_CORES
+            and self.parallelism(backend, decision) <= 1
+        ):
+            # Measured to keep every core busy by itself (its own BLAS
+            # threads): more at once would oversubscribe the cores.
+            ex._router.note(
+                decision,
+                estimate,
+                "inline",
+                (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
+            )
+            here = in_caller(
+                self.fn, None if decision.profile is None else decision.profile.effects
+            )
+            return lazy_inline(here, self.inputs, ex._stats.inline)
+        run = RoutedMap(
+            ex,
             self.fn,
-            self.decision,
-            self.estimate,
-            self.backend,
+            decision,
+            estimate,
+            backend,
             self.inputs,
-            self.remaining,
-            self.buffersize,
             self.end_time,
-            self.ordered,
-            dear=dear,
+            self.buffersize,
+            dear,
         )
+        return run.start(self.remaining, self.ordered)
 
     def _gil_check(self) -> bool:
         """Whether the first items are watched for the GIL on two threads.
@@ -321,7 +354,7 @@ class MapRun:
             and backend.shares_memory
             and decision.gil is not None
             and decision.gil.cores >= MANY_CORES
-            and self.ex._parallelism(backend, decision) <= 1
+            and self.parallelism(backend, decision) <= 1
         )
         return (
             self.tunable
@@ -359,7 +392,7 @@ class MapRun:
             (text for key, text in _FIXED_BECAUSE if facts[key]),
             "threads: nothing to measure first",
         )
-        ex._note(
+        ex._router.note(
             decision,
             self.estimate,
             decision.backend,
@@ -389,7 +422,7 @@ class MapRun:
         self.measured_now = self.estimate.per_item_s is None
         if self.measured_now or self.gil_check:
             self.prefix = run.batch(PROBE_S, PROBE_MAX_ITEMS)
-        if self.gil_check and ex._worth_watching(run, self.estimate, self.backend, self.remaining):
+        if self.gil_check and self.worth_watching(run, self.estimate, self.backend, self.remaining):
             self._watch()
         if (
             self.measured_now
@@ -453,7 +486,7 @@ class MapRun:
             send_s=0.0 if backend.shares_memory else estimate.pickle_parent_s,
             remaining=self.left(),
             route="thread" if backend.shares_memory else backend.name,
-            workers=ex._parallelism(backend, self.decision),
+            workers=self.parallelism(backend, self.decision),
             cpus=ex._platform.cpu_count,
             startup_s=0.0 if started else backend.worker_startup_s * backend.max_workers,
             overhead_s=backend.chunk_overhead_s
@@ -467,7 +500,7 @@ class MapRun:
             return then_raise(self.prefix, run.error)
         if run.exhausted:
             per_item_us = run.elapsed_s / max(run.items, 1) * 1e6
-            ex._note(
+            ex._router.note(
                 decision,
                 estimate,
                 "inline",
@@ -481,9 +514,9 @@ class MapRun:
         if not first.inline:
             estimate.loop_here = False
             stream = self.open_stream(self.rest(), self.left())
-            ex._note(decision, estimate, decision.backend, (first.reason,), stream)
+            ex._router.note(decision, estimate, decision.backend, (first.reason,), stream)
             return stream_values(self.prefix, stream, self.ordered)
-        ex._note(decision, estimate, "inline", (*self._started_here(), first.reason))
+        ex._router.note(decision, estimate, "inline", (*self._started_here(), first.reason))
         if self.cheap_here:
             estimate.loop_here = True  # its next maps here start in the loop too
         return self._in_a_loop()
@@ -544,7 +577,7 @@ class MapRun:
                 ),
             )
         stream = self.open_stream(self.rest(), self.left())
-        ex._note(
+        ex._router.note(
             decision,
             estimate,
             decision.backend,
@@ -552,3 +585,44 @@ class MapRun:
             stream,
         )
         return stream
+
+    def parallelism(self, backend: Backend, decision: Decision) -> int:
+        """How many items ``backend`` can run at once for ``decision``'s callable.
+
+        Threads beyond the CPU count only help calls that wait: a thread
+        backend's ``min(32, cpus + 4)`` workers run computing calls (even
+        GIL-releasing ones) on ``cpus`` cores; and an item measured to keep
+        ``k`` cores busy (its own BLAS threads) leaves room for ``cpus / k``
+        of them, so one that already uses every core is run inline.
+        """
+        gil = decision.gil
+        if backend.shares_memory and (gil is None or gil.kind != "waits"):
+            cpus = self.ex._platform.cpu_count
+            return max(1, min(backend.max_workers, gil.at_once(cpus) if gil else cpus))
+        return backend.max_workers
+
+    def worth_watching(
+        self, run: InlineRun, estimate: Estimate, backend: Backend, remaining: int | None
+    ) -> bool:
+        """Whether the first items of a map are worth a GIL measurement.
+
+        Not when the probe ended the map (an error, the end of the input), nor
+        for items under :data:`~smartexec.gil.GIL_MIN_ITEM_S` (a process pool
+        seldom pays there, and they would mostly run inline), nor when the
+        map will run inline anyway.
+        """
+        if run.error is not None or run.exhausted:
+            return False
+        if (estimate.per_item_s or 0.0) < GIL_MIN_ITEM_S:
+            return False
+        left = None if remaining is None else remaining - run.items
+        return not inline_verdict(
+            per_item_s=estimate.per_item_s or 0.0,
+            send_s=0.0,
+            remaining=left,
+            route="thread",
+            workers=min(backend.max_workers, self.ex._platform.cpu_count),
+            cpus=self.ex._platform.cpu_count,
+            startup_s=0.0,
+            overhead_s=backend.chunk_overhead_s,
+        ).inline

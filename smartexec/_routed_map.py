@@ -162,7 +162,7 @@ class RoutedMap:
                 else ""  # an earlier run's figures have their own reason
             )
         )
-        ex._note(self.decision, estimate, backend.name, (started,))  # no chunksize yet
+        ex._router.note(self.decision, estimate, backend.name, (started,))  # no chunksize yet
         # The profile its verdict saved is written once its results end (see
         # smartexec._profiles.save), not while its chunks run.
         return stream_values([], self.relay, ordered, on_end=_profiles.flush)
@@ -308,7 +308,7 @@ class RoutedMap:
             # A plugin's or a cluster's backend (dask): the user chose to
             # run there; the figures are kept, the route is not changed.
             said = (evidence.describe(),)
-            ex._note(self.decision, self.estimate, self.backend.name, said, measured=True)
+            ex._router.note(self.decision, self.estimate, self.backend.name, said, measured=True)
             return True
         gil = evidence.profile()
         candidates, alternative = self.candidates(ex, gil)
@@ -346,7 +346,7 @@ class RoutedMap:
         ended = self.move(ex, verdict, alternative, stream, gil)
         stays = verdict.target is None or (verdict.target != "inline" and alternative is None)
         if stays and reworded:
-            evidence.stay_note = ex._note(
+            evidence.stay_note = ex._router.note(
                 self.decision,
                 self.estimate,
                 self.backend.name,
@@ -482,7 +482,7 @@ class RoutedMap:
                 gil=gil if gil is not None else decision.gil,
                 reasons=(decision.reasons[0], _inline_next(estimate.loop_here)),
             )
-            ex._note(ended, estimate, "inline", (verdict.reason,), measured=True)
+            ex._router.note(ended, estimate, "inline", (verdict.reason,), measured=True)
             return ended
         if verdict.target is None or alternative is None:
             return decision
@@ -508,13 +508,13 @@ class RoutedMap:
         except Exception as exc:  # e.g. shut down meanwhile: stay
             stream.reattach()
             said = (f"{verdict.reason}; the move failed: {exc}",)
-            ex._note(decision, estimate, backend.name, said, measured=True)
+            ex._router.note(decision, estimate, backend.name, said, measured=True)
             return decision
         self.relay.append(new)
         reasons: tuple[str, ...] = (verdict.reason,)
         if verdict.target == "thread" and backend.name in ("fork", "loky"):
             reasons += (THREADS_MUST_BE_SAFE,)
-        ex._note(moved, estimate, verdict.target, reasons, new, measured=True)
+        ex._router.note(moved, estimate, verdict.target, reasons, new, measured=True)
         return moved
 
     # -- record: what the callable's next maps start from

@@ -20,7 +20,7 @@ import inspect
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _profiles, _threads
 from ._identity import WeakCallable, identity_key
@@ -41,6 +41,9 @@ from .inspection import callable_name, inspect_callable
 from .policy import ELSEWHERE_THREADS, Decision, Options, alternatives, decide, permits, stoppable
 from .registry import get_backend_class
 from .tuning import Estimate
+
+if TYPE_CHECKING:
+    from ._mapping import ChunkStream
 
 __all__ = ["Router", "ROUTE_SETTLE_S", "other_threads", "takes_timeouts"]
 
@@ -378,3 +381,47 @@ class Router:
                 self._decisions[key] = (cached[0], new, cached[2])
             self._log.append(new)
         return new
+
+    def note(
+        self,
+        decision: Decision,
+        estimate: Estimate,
+        backend: str,
+        reasons: tuple[str, ...],
+        stream: ChunkStream | None = None,
+        *,
+        measured: bool = False,
+        replaces: Decision | None = None,
+    ) -> Decision:
+        """Log what a map did, with its measured figures, before the policy's reasons.
+
+        ``measured``: the figures come from the map's own items, so the
+        policy's "not measured yet" is no longer true and is left out.
+        ``replaces``: an entry this map logged before (a stay whose figures
+        are now taken again), replaced in place rather than followed: a map
+        keeps one entry. Returns the entry logged.
+        """
+        size = stream.sizes[0] if stream is not None and stream.sizes else None
+        policy = measured_reasons(decision.reasons) if measured else decision.reasons
+        if backend != decision.backend:
+            # The policy's reasons argue for its route, not this one: said so
+            # (an inline map listed "processes run it in parallel").
+            policy = (f"before any item ran, the policy chose {decision.backend}:", *policy)
+        done = dataclasses.replace(
+            decision,
+            backend=backend,
+            reasons=(*reasons, *policy),
+            share=decision.share and backend == decision.backend,
+            chunksize=size,
+            measure=False,
+        )
+        estimate.last_map = done
+        log = self._log
+        if replaces is not None:
+            with self._lock:
+                for i in range(len(log) - 1, -1, -1):
+                    if log[i] is replaces:
+                        log[i] = done
+                        return done
+        log.append(done)  # new, or the entry it replaces has left the log
+        return done

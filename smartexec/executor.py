@@ -24,7 +24,6 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles
-from ._context import in_caller
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import identity_key
 from ._map_run import MapRun
@@ -32,18 +31,12 @@ from ._map_run import check_task_timeout as _check_task_timeout
 from ._map_run import require_int as _require_int
 from ._mapping import (
     ChunkStream,
-    InlineRun,
     StreamPlan,
     as_generator,
     common_length,
     default_buffersize,
-    lazy_inline,
-)
-from ._reasons import (
-    measured_reasons,
 )
 from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
-from ._routed_map import RoutedMap
 from ._router import Router, takes_timeouts
 from ._sender import send_chunk
 from ._submit_route import SubmitRoute
@@ -53,22 +46,17 @@ from .errors import (
     BackendUnavailableError,
     InitializerError,
 )
-from .gil import (
-    GIL_MIN_ITEM_S,
-    MANY_CORES,
-)
 from .inspection import callable_name, payload_size
 from .policy import (
     BIG_STATE_BYTES,
     PREFER_VALUES,
     Decision,
     Options,
-    permits,
 )
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
 from .stats import ExecutorStats, StatsRecorder
-from .tuning import Estimate, inline_verdict
+from .tuning import Estimate
 
 __all__ = ["SmartExecutor"]
 
@@ -903,82 +891,6 @@ class SmartExecutor(Executor):
         """Raise as a shut-down or broken stdlib pool's ``submit`` does."""
         _check_open(self)
 
-    def _routed_map(
-        self,
-        fn: Callable[..., Any],
-        decision: Decision,
-        estimate: Estimate,
-        backend: Backend,
-        inputs: Iterator[tuple[Any, ...]],
-        remaining: int | None,
-        buffersize: int | None,
-        end_time: float | None,
-        ordered: bool = True,
-        dear: bool = False,
-    ) -> Iterator[Any]:
-        """A map that starts on ``backend`` at once and may move once, on evidence (:class:`RoutedMap`)."""
-        gil = decision.gil
-        if (
-            backend.shares_memory
-            and permits(decision.profile, "inline", self._options)
-            and gil is not None
-            and gil.cores >= MANY_CORES
-            and self._parallelism(backend, decision) <= 1
-        ):
-            # Measured to keep every core busy by itself (its own BLAS
-            # threads): more at once would oversubscribe the cores.
-            self._note(
-                decision,
-                estimate,
-                "inline",
-                (f"one item keeps {gil.cores:.1f} cores busy: a loop in this thread",),
-            )
-            here = in_caller(fn, None if decision.profile is None else decision.profile.effects)
-            return lazy_inline(here, inputs, self._stats.inline)
-        run = RoutedMap(self, fn, decision, estimate, backend, inputs, end_time, buffersize, dear)
-        return run.start(remaining, ordered)
-
-    def _parallelism(self, backend: Backend, decision: Decision) -> int:
-        """How many items ``backend`` can run at once for ``decision``'s callable.
-
-        Threads beyond the CPU count only help calls that wait: a thread
-        backend's ``min(32, cpus + 4)`` workers run computing calls (even
-        GIL-releasing ones) on ``cpus`` cores; and an item measured to keep
-        ``k`` cores busy (its own BLAS threads) leaves room for ``cpus / k``
-        of them, so one that already uses every core is run inline.
-        """
-        gil = decision.gil
-        if backend.shares_memory and (gil is None or gil.kind != "waits"):
-            cpus = self._platform.cpu_count
-            return max(1, min(backend.max_workers, gil.at_once(cpus) if gil else cpus))
-        return backend.max_workers
-
-    def _worth_watching(
-        self, run: InlineRun, estimate: Estimate, backend: Backend, remaining: int | None
-    ) -> bool:
-        """Whether the first items of a map are worth a GIL measurement.
-
-        Not when the probe ended the map (an error, the end of the input), nor
-        for items under :data:`~smartexec.gil.GIL_MIN_ITEM_S` (a process pool
-        seldom pays there, and they would mostly run inline), nor when the
-        map will run inline anyway.
-        """
-        if run.error is not None or run.exhausted:
-            return False
-        if (estimate.per_item_s or 0.0) < GIL_MIN_ITEM_S:
-            return False
-        left = None if remaining is None else remaining - run.items
-        return not inline_verdict(
-            per_item_s=estimate.per_item_s or 0.0,
-            send_s=0.0,
-            remaining=left,
-            route="thread",
-            workers=min(backend.max_workers, self._platform.cpu_count),
-            cpus=self._platform.cpu_count,
-            startup_s=0.0,
-            overhead_s=backend.chunk_overhead_s,
-        ).inline
-
     def _open_stream(
         self, plan: StreamPlan, inputs: Iterator[tuple[Any, ...]], remaining: int | None
     ) -> ChunkStream:
@@ -1145,50 +1057,6 @@ class SmartExecutor(Executor):
           (``pip install 'smartexec[progress]'``).
         """
     )
-
-    def _note(
-        self,
-        decision: Decision,
-        estimate: Estimate,
-        backend: str,
-        reasons: tuple[str, ...],
-        stream: ChunkStream | None = None,
-        *,
-        measured: bool = False,
-        replaces: Decision | None = None,
-    ) -> Decision:
-        """Log what a map did, with its measured figures, before the policy's reasons.
-
-        ``measured``: the figures come from the map's own items, so the
-        policy's "not measured yet" is no longer true and is left out.
-        ``replaces``: an entry this map logged before (a stay whose figures
-        are now taken again), replaced in place rather than followed: a map
-        keeps one entry. Returns the entry logged.
-        """
-        size = stream.sizes[0] if stream is not None and stream.sizes else None
-        policy = measured_reasons(decision.reasons) if measured else decision.reasons
-        if backend != decision.backend:
-            # The policy's reasons argue for its route, not this one: said so
-            # (an inline map listed "processes run it in parallel").
-            policy = (f"before any item ran, the policy chose {decision.backend}:", *policy)
-        done = dataclasses.replace(
-            decision,
-            backend=backend,
-            reasons=(*reasons, *policy),
-            share=decision.share and backend == decision.backend,
-            chunksize=size,
-            measure=False,
-        )
-        estimate.last_map = done
-        log = self._log
-        if replaces is not None:
-            with self._lock:
-                for i in range(len(log) - 1, -1, -1):
-                    if log[i] is replaces:
-                        log[i] = done
-                        return done
-        log.append(done)  # new, or the entry it replaces has left the log
-        return done
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
