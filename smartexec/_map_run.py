@@ -49,7 +49,7 @@ from ._mapping import (
     then_raise,
 )
 from ._rerouting import CHEAP_ITEM_S
-from ._routed_map import RoutedMap
+from ._routed_map import RoutedMap, open_stream
 from .gil import (
     GIL_DECIDED_S,
     GIL_MIN_ITEM_S,
@@ -373,7 +373,7 @@ class MapRun:
             self.end_time,
             self.task_timeout,
         )
-        return self.ex._open_stream(plan, rest, left)
+        return open_stream(self.ex, plan, rest, left)
 
     def _fixed_stream(self) -> Iterator[Any]:
         """Every item sent as the user fixed it: nothing runs in this thread."""

@@ -120,7 +120,7 @@ FILL_S = 0.05
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """What a map's :class:`ChunkStream` is opened from (``SmartExecutor._open_stream``).
+    """What a map's :class:`ChunkStream` is opened from (:func:`smartexec._routed_map.open_stream`).
 
     Attributes:
         fn: the user's callable.

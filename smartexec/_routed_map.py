@@ -16,24 +16,29 @@ executor only weakly, so that dropping the executor shuts its backends down.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from . import _profiles, _threads
 from ._context import in_caller
+from ._diagnose import explain_pickling
 from ._mapping import (
     PICKLE_SAMPLE,
     ChunkStream,
     InlineStream,
     Relay,
     StreamPlan,
+    default_buffersize,
     measure_pickling,
     stream_values,
 )
-from ._remote import Call, ChunkResult
+from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, Reroute, reroute
+from ._sender import send_chunk
 from ._system import IDLE_TICK_S
 from .backends._base import Backend
 from .gil import GilProfile, remember
@@ -151,7 +156,7 @@ class RoutedMap:
             on_send=None if backend.shares_memory else self.evidence.add_send,
             clocked=self.clocked,
         )
-        stream = ex._open_stream(plan, self.inputs, remaining)
+        stream = open_stream(ex, plan, self.inputs, remaining)
         self.stream, self.relay = stream, Relay(stream)
         started = (
             f"started on {backend.name} at once: its first chunks, run in the workers, "
@@ -504,7 +509,7 @@ class RoutedMap:
                 end_time=self.end_time,
                 keep_first_error=True,
             )
-            new = ex._open_stream(plan, self.inputs, left)
+            new = open_stream(ex, plan, self.inputs, left)
         except Exception as exc:  # e.g. shut down meanwhile: stay
             stream.reattach()
             said = (f"{verdict.reason}; the move failed: {exc}",)
@@ -564,3 +569,90 @@ def _inline_next(loop_here: bool) -> str:
         "its items cost less than sending them: its next maps start on threads, whose "
         "figures (the sending measured afresh) may move them"
     )
+
+
+def open_stream(
+    ex: SmartExecutor, plan: StreamPlan, inputs: Iterator[tuple[Any, ...]], remaining: int | None
+) -> ChunkStream:
+    """Start sending ``inputs`` (``remaining`` of them, None: unknown) to ``ex``'s backend as ``plan`` says.
+
+    The first window goes now; the stream is counted among the maps ``ex``'s
+    shutdown finishes.
+    """
+    fn, decision, estimate, backend = plan.fn, plan.decision, plan.estimate, plan.backend
+    chunksize, buffersize, clocked = plan.chunksize, plan.buffersize, plan.clocked
+    on_send, task_timeout = plan.on_send, plan.task_timeout
+    with ex._lock:
+        ex._ensure_open()
+        target = backend.prepare(fn, decision.share)
+        unclocked = getattr(backend, "unclocked", None)
+        plain = target if unclocked is None else unclocked(target)
+        ex._started.add(backend.name)
+        # max_tasks_per_child: a chunk holds at most that many calls, so a
+        # fresh worker can always take it (the stream re-sends the rest,
+        # as it does for a chunk stopped by its budget).
+        cap: int | None = getattr(backend, "max_tasks_per_child", None)
+        stats = ex._stats  # the stream (held by map's results) must not hold self
+        profile = decision.profile
+        own = (
+            not backend.shares_memory and profile is not None and profile.effects.writes_arguments()
+        )
+
+        def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
+            if cap is not None:
+                calls = calls[:cap]
+            if own:  # each call gets arguments of its own in the worker
+                calls = OwnCalls(calls)
+            start = time.perf_counter()
+            future = send_chunk(
+                backend,
+                target if clocked is not None and clocked() else plain,
+                calls,
+                budget_s,
+                chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
+                stats,
+            )
+            if on_send is not None:
+                on_send(len(calls), time.perf_counter() - start)
+            return future
+
+        def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
+            return explain_pickling(fn, calls, exc, backend.name)
+
+        stream = ChunkStream(
+            send=send,
+            calls=zip(inputs, itertools.repeat(_NO_KWARGS)),
+            remaining=remaining,
+            n_workers=backend.max_workers,
+            overhead_s=backend.chunk_overhead_s,
+            estimate=None if chunksize is not None else estimate,
+            fixed_chunksize=chunksize,
+            buffersize=buffersize or default_buffersize(backend.max_workers),
+            end_time=plan.end_time,
+            on_chunk_error=explain_error,
+            in_process=backend.shares_memory,
+            max_retries=ex._max_retries,
+            measure_first=plan.measure_first and chunksize is None,
+            abort=backend.abort,
+            on_result=plan.on_result,
+            probe=plan.probe if chunksize is None else None,
+            keep_first_error=plan.keep_first_error,
+        )
+        ex._to_finish(stream, send_rest=buffersize is None and remaining is not None)
+        return stream
+
+
+def chunk_timeout(
+    task_timeout: float | None, n_items: int, per_item_s: float | None
+) -> float | None:
+    """The time limit of a chunk of ``n_items`` when each task has ``task_timeout``.
+
+    One item may take the whole ``task_timeout``; the others get what they
+    are measured to take (``per_item_s``), or ``task_timeout`` each before
+    anything is measured. A chunk over it is stopped and its items are sent
+    again one per chunk, each with ``task_timeout``.
+    """
+    if task_timeout is None or n_items <= 1:
+        return task_timeout
+    other = task_timeout if per_item_s is None else 2 * per_item_s
+    return task_timeout + (n_items - 1) * other

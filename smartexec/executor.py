@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import itertools
 import multiprocessing
 import signal
 import threading
@@ -24,21 +23,16 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles
-from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import identity_key
 from ._map_run import MapRun
 from ._map_run import check_task_timeout as _check_task_timeout
 from ._map_run import require_int as _require_int
 from ._mapping import (
     ChunkStream,
-    StreamPlan,
     as_generator,
     common_length,
-    default_buffersize,
 )
-from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
 from ._router import Router, takes_timeouts
-from ._sender import send_chunk
 from ._submit_route import SubmitRoute
 from ._system import current_platform, interpreter_exiting
 from .backends._base import Backend
@@ -78,22 +72,6 @@ def _completes_futures(backends: list[Backend]) -> bool:
     if thread.name.startswith("smartexec-") or type(thread).__name__ == "_ExecutorManagerThread":
         return True
     return any(getattr(backend, "runs_this_thread", bool)() for backend in backends)
-
-
-def _chunk_timeout(
-    task_timeout: float | None, n_items: int, per_item_s: float | None
-) -> float | None:
-    """The time limit of a chunk of ``n_items`` when each task has ``task_timeout``.
-
-    One item may take the whole ``task_timeout``; the others get what they
-    are measured to take (``per_item_s``), or ``task_timeout`` each before
-    anything is measured. A chunk over it is stopped and its items are sent
-    again one per chunk, each with ``task_timeout``.
-    """
-    if task_timeout is None or n_items <= 1:
-        return task_timeout
-    other = task_timeout if per_item_s is None else 2 * per_item_s
-    return task_timeout + (n_items - 1) * other
 
 
 def _release_backends(backends: dict[str, Backend], streams: weakref.WeakSet[ChunkStream]) -> None:
@@ -211,7 +189,7 @@ def _check_arguments(
         )
 
 
-def _check_open(executor: SmartExecutor) -> None:
+def check_open(executor: SmartExecutor) -> None:
     error = executor._broken_error()
     if error is not None:
         # As a broken stdlib pool: submit raises its Broken* error.
@@ -735,7 +713,7 @@ class SmartExecutor(Executor):
             if fast is not None:
                 return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
-            _check_open(self)
+            check_open(self)
             future, parked = submits.submit(self, fn, args, kwargs)
         if parked:
             # The calls on their way decide where this one runs: let the
@@ -801,55 +779,6 @@ class SmartExecutor(Executor):
 
         return await _awaiting.run_async(functools.partial(self.submit, fn, *args, **kwargs))
 
-    def _chunk_sender(
-        self, fn: Callable[..., Any], runner: Callable[[Decision], Callable[..., Any]]
-    ) -> tuple[Decision, Callable[[list[Call]], Future[ChunkResult]]]:
-        """Route ``fn`` as :meth:`submit` does; return a sender of chunks of its runner.
-
-        For adapters whose unit of work is their own batch of calls to ``fn``
-        (:mod:`smartexec.joblib`): ``runner(decision)`` makes what the
-        workers call, a callable whose state is ``fn`` or less (plus small
-        settings), so ``fn``'s decision (backend, sharing by copy-on-write)
-        holds for it. It is prepared once, as for one ``map``: every chunk
-        sent sees ``fn``'s state as it was at the first.
-
-        Returns:
-            The decision, and ``send(calls)``: one chunk of ``runner`` over
-            ``calls`` (``(args, kwargs)`` pairs), a future of its
-            :class:`~smartexec._remote.ChunkResult`; a chunk that cannot be
-            pickled fails that future with a
-            :class:`~smartexec.errors.PayloadPicklingError`.
-
-        Raises:
-            RuntimeError: after :meth:`shutdown`.
-            concurrent.futures.BrokenExecutor: a backend is broken (its
-                initializer failed).
-        """
-        with self._lock:
-            _check_open(self)
-            decision, _ = self._route(fn)
-            decision = self._with_timeout(decision, self._task_timeout)
-            backend = self._backend(decision.backend)
-            target = backend.prepare(runner(decision), decision.share)
-            self._started.add(backend.name)
-        stats = self._stats
-        task_timeout = self._task_timeout
-
-        def send(calls: list[Call]) -> Future[ChunkResult]:
-            try:
-                # task_timeout per call of the batch, as map() gives a chunk
-                timeout_s = _chunk_timeout(task_timeout, len(calls), None)
-                return send_chunk(backend, target, calls, None, timeout_s, stats)
-            except Exception as exc:
-                if not is_pickling_failure(exc):
-                    raise
-                error = explain_pickling(fn, calls, exc, backend.name)
-                failed: Future[ChunkResult] = Future()
-                failed.set_exception(error)
-                return failed
-
-        return decision, send
-
     def map(
         self,
         fn: Callable[..., T],
@@ -889,75 +818,7 @@ class SmartExecutor(Executor):
 
     def _ensure_open(self) -> None:
         """Raise as a shut-down or broken stdlib pool's ``submit`` does."""
-        _check_open(self)
-
-    def _open_stream(
-        self, plan: StreamPlan, inputs: Iterator[tuple[Any, ...]], remaining: int | None
-    ) -> ChunkStream:
-        """Start sending ``inputs`` (``remaining`` of them, None: unknown) as ``plan`` says; the first window goes now."""
-        fn, decision, estimate, backend = plan.fn, plan.decision, plan.estimate, plan.backend
-        chunksize, buffersize, clocked = plan.chunksize, plan.buffersize, plan.clocked
-        on_send, task_timeout = plan.on_send, plan.task_timeout
-        with self._lock:
-            _check_open(self)
-            target = backend.prepare(fn, decision.share)
-            unclocked = getattr(backend, "unclocked", None)
-            plain = target if unclocked is None else unclocked(target)
-            self._started.add(backend.name)
-            # max_tasks_per_child: a chunk holds at most that many calls, so a
-            # fresh worker can always take it (the stream re-sends the rest,
-            # as it does for a chunk stopped by its budget).
-            cap: int | None = getattr(backend, "max_tasks_per_child", None)
-            stats = self._stats  # the stream (held by map's results) must not hold self
-            profile = decision.profile
-            own = (
-                not backend.shares_memory
-                and profile is not None
-                and profile.effects.writes_arguments()
-            )
-
-            def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
-                if cap is not None:
-                    calls = calls[:cap]
-                if own:  # each call gets arguments of its own in the worker
-                    calls = OwnCalls(calls)
-                start = time.perf_counter()
-                future = send_chunk(
-                    backend,
-                    target if clocked is not None and clocked() else plain,
-                    calls,
-                    budget_s,
-                    _chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
-                    stats,
-                )
-                if on_send is not None:
-                    on_send(len(calls), time.perf_counter() - start)
-                return future
-
-            def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
-                return explain_pickling(fn, calls, exc, backend.name)
-
-            stream = ChunkStream(
-                send=send,
-                calls=zip(inputs, itertools.repeat(_NO_KWARGS)),
-                remaining=remaining,
-                n_workers=backend.max_workers,
-                overhead_s=backend.chunk_overhead_s,
-                estimate=None if chunksize is not None else estimate,
-                fixed_chunksize=chunksize,
-                buffersize=buffersize or default_buffersize(backend.max_workers),
-                end_time=plan.end_time,
-                on_chunk_error=explain_error,
-                in_process=backend.shares_memory,
-                max_retries=self._max_retries,
-                measure_first=plan.measure_first and chunksize is None,
-                abort=backend.abort,
-                on_result=plan.on_result,
-                probe=plan.probe if chunksize is None else None,
-                keep_first_error=plan.keep_first_error,
-            )
-            self._to_finish(stream, send_rest=buffersize is None and remaining is not None)
-            return stream
+        check_open(self)
 
     def _to_finish(self, stream: ChunkStream, send_rest: bool) -> None:
         """Count ``stream`` among the maps :meth:`shutdown` finishes (hold ``self._lock``).

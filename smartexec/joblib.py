@@ -47,11 +47,14 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
         name=exc.name,
     ) from exc
 
+from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import identity_key
 from ._remote import Call, ChunkResult, separate_calls, separated, unpack_calls
+from ._routed_map import chunk_timeout
+from ._sender import send_chunk
 from ._system import current_platform
 from .effects import process_local_reason
-from .executor import SmartExecutor
+from .executor import SmartExecutor, check_open
 from .inspection import callable_name
 from .policy import Decision
 
@@ -477,7 +480,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
                 own = profile is None or profile.effects.writes_arguments()
                 return _Batch(_call if each else fn, nested, nested_n_jobs, own)
 
-            _, send = executor._chunk_sender(fn, runner)
+            _, send = _chunk_sender(executor, fn, runner)
             # Holding fn keeps the objects same_function compares alive for
             # the call: their ids cannot be reused.
             self._batches.append((fn, mode, chosen[0], send))
@@ -601,3 +604,53 @@ def register(make_default: bool = False) -> None:
 
 
 register()
+
+
+def _chunk_sender(
+    ex: SmartExecutor, fn: Callable[..., Any], runner: Callable[[Decision], Callable[..., Any]]
+) -> tuple[Decision, Callable[[list[Call]], Future[ChunkResult]]]:
+    """Route ``fn`` as ``ex.submit`` does; return a sender of chunks of its runner.
+
+    For adapters whose unit of work is their own batch of calls to ``fn``
+    (:mod:`smartexec.joblib`): ``runner(decision)`` makes what the
+    workers call, a callable whose state is ``fn`` or less (plus small
+    settings), so ``fn``'s decision (backend, sharing by copy-on-write)
+    holds for it. It is prepared once, as for one ``map``: every chunk
+    sent sees ``fn``'s state as it was at the first.
+
+    Returns:
+        The decision, and ``send(calls)``: one chunk of ``runner`` over
+        ``calls`` (``(args, kwargs)`` pairs), a future of its
+        :class:`~smartexec._remote.ChunkResult`; a chunk that cannot be
+        pickled fails that future with a
+        :class:`~smartexec.errors.PayloadPicklingError`.
+
+    Raises:
+        RuntimeError: after :meth:`shutdown`.
+        concurrent.futures.BrokenExecutor: a backend is broken (its
+            initializer failed).
+    """
+    with ex._lock:
+        check_open(ex)
+        decision, _ = ex._route(fn)
+        decision = ex._with_timeout(decision, ex._task_timeout)
+        backend = ex._backend(decision.backend)
+        target = backend.prepare(runner(decision), decision.share)
+        ex._started.add(backend.name)
+    stats = ex._stats
+    task_timeout = ex._task_timeout
+
+    def send(calls: list[Call]) -> Future[ChunkResult]:
+        try:
+            # task_timeout per call of the batch, as map() gives a chunk
+            timeout_s = chunk_timeout(task_timeout, len(calls), None)
+            return send_chunk(backend, target, calls, None, timeout_s, stats)
+        except Exception as exc:
+            if not is_pickling_failure(exc):
+                raise
+            error = explain_pickling(fn, calls, exc, backend.name)
+            failed: Future[ChunkResult] = Future()
+            failed.set_exception(error)
+            return failed
+
+    return decision, send
