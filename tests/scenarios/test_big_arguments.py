@@ -116,16 +116,16 @@ def test_peak_shared_memory_is_bounded_by_the_window():
 def test_items_with_big_arguments_of_their_own_send_one_per_worker_first(monkeypatch):
     # Sending is most of such a map's first cost: before the first figures
     # (which may move the rest to threads), one item per worker, not a window.
-    from smartexec import executor as executor_module
+    from smartexec import _routed_map as sending_module
 
     sent: list[int] = []
-    real = executor_module.send_chunk
+    real = sending_module.send_chunk
 
     def counting(backend, target, calls, *args, **kwargs):
         sent.append(len(calls))
         return real(backend, target, calls, *args, **kwargs)
 
-    monkeypatch.setattr(executor_module, "send_chunk", counting)
+    monkeypatch.setattr(sending_module, "send_chunk", counting)
     arrays = [np.full(2 * MiB // 8, i, dtype=np.float64) for i in range(8)]
     with SmartExecutor(2) as ex:
         assert ex.explain(total).backend == "fork"  # unmeasured: it may hold the GIL
