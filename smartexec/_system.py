@@ -7,15 +7,14 @@ function that tests can feed any platform they like.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers
 import atexit
 import contextlib
 import functools
 import multiprocessing
 import os
-import signal
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,8 +160,39 @@ def current_platform() -> Platform:
     )
 
 
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
+class _DeferredInterrupts:
+    """The context manager :func:`deferred_interrupts` returns (one per block)."""
+
+    __slots__ = ("previous", "frame", "held")
+
+    def __enter__(self) -> None:
+        self.previous: Any = None
+        self.held = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        # _signal, not signal: the latter's enum conversions cost ~3 us a call,
+        # and this runs for every chunk pickled in the caller's thread.
+        previous = _signal.getsignal(_signal.SIGINT)
+        if not callable(previous) or isinstance(getattr(previous, "__self__", None), type(self)):
+            return  # no Python handler, or an outer block holds it already
+        self.previous = previous
+        _signal.signal(_signal.SIGINT, self._hold)
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        if not self.held:
+            self.held, self.frame = True, frame
+
+    def __exit__(self, *exc: Any) -> None:
+        previous = self.previous
+        if previous is None:
+            return
+        if _signal.getsignal(_signal.SIGINT) == self._hold:  # else the program changed it
+            _signal.signal(_signal.SIGINT, previous)
+        if self.held:
+            previous(_signal.SIGINT, self.frame)
+
+
+def deferred_interrupts() -> contextlib.AbstractContextManager[None]:
     """Hold a Ctrl-C that arrives inside the block until the block ends.
 
     For the few steps that make a resource and hand it to its owner (a
@@ -174,29 +204,12 @@ def deferred_interrupts() -> Iterator[None]:
     when SIGINT has no Python handler (``SIG_IGN``, ``SIG_DFL``). The
     program's own handler is put back, and called once the block ends if
     SIGINT arrived meanwhile, whatever the block raised. Nested blocks defer
-    to the outermost.
+    to the outermost. About 2 us a block in the main thread.
+
+    Returns:
+        A context manager; use it once, in ``with``.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous) or getattr(previous, "_smartexec_deferring", False):
-        yield
-        return
-    held: list[Any] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        held.append(frame)
-
-    hold._smartexec_deferring = True  # type: ignore[attr-defined]
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGINT) is hold:  # else the program changed it meanwhile
-            signal.signal(signal.SIGINT, previous)
-        if held:
-            previous(signal.SIGINT, held[0])
+    return _DeferredInterrupts()
 
 
 _exiting = False

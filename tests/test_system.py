@@ -61,3 +61,28 @@ def test_creating_an_executor_does_not_import_loky():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_deferred_interrupts_hold_a_ctrl_c_until_the_block_ends():
+    import os
+    import signal
+    import threading
+
+    from smartexec._system import deferred_interrupts
+
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_interrupts():
+            with deferred_interrupts():  # nested: the outer one holds it
+                os.kill(os.getpid(), signal.SIGINT)
+                steps.append("inner")
+            steps.append("outer")
+    assert steps == ["inner", "outer"]  # raised only once the block ended
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with deferred_interrupts():
+        pass  # nothing held: nothing raised
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(deferred_interrupts().__enter__()))
+    worker.start()
+    worker.join()
+    assert seen == [None] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
