@@ -29,13 +29,56 @@ from __future__ import annotations
 import abc
 import os
 import signal
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from .._remote import Call, ChunkResult
 
-__all__ = ["Backend", "check_open_files", "forced_by"]
+__all__ = ["Backend", "check_open_files", "forced_by", "next_ready"]
+
+
+_Item = TypeVar("_Item")
+
+
+def next_ready(
+    queue: deque[_Item], future_of: Callable[[_Item], Future[Any]], pickled: Callable[[_Item], bool]
+) -> _Item | None:
+    """Take the queue's first chunk that may start now, and start its future.
+
+    Chunks start in the order they were queued, so one still being pickled
+    holds those behind it (as the stdlib's feeder thread does). A cancelled
+    chunk is dropped and its cancellation made known (``wait()`` and
+    ``as_completed()`` see it); one whose future is done already (its
+    pickling failed) is dropped. Only here does a chunk's future start
+    running: until then it can be cancelled. Call it under the queue's lock.
+
+    Args:
+        queue: the chunks, oldest first (a ``deque``; taken from the left).
+        future_of: a chunk's future.
+        pickled: whether a chunk's payload is ready.
+
+    Returns:
+        The chunk, its future now running; None when the queue is empty or
+        its first live chunk is still being pickled.
+    """
+    while queue:
+        item = queue[0]
+        future = future_of(item)
+        if future.cancelled():
+            queue.popleft()
+            future.set_running_or_notify_cancel()  # tells wait() / as_completed()
+            continue
+        if future.done():  # its pickling failed: the error is on the future
+            queue.popleft()
+            continue
+        if not pickled(item):
+            return None  # still being pickled; whoever pickles it wakes the consumer
+        queue.popleft()
+        if future.set_running_or_notify_cancel():
+            return item
+    return None
 
 
 def forced_by(signum: int) -> str:

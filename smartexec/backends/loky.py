@@ -56,7 +56,7 @@ from .._sender import Sender, quick_to_pickle
 from .._system import WORKER_ENV, deferred_interrupts
 from ..errors import InitializerError, WorkerCrashedError
 from ..inspection import callable_name
-from ._base import Backend, check_open_files, forced_by
+from ._base import Backend, check_open_files, forced_by, next_ready
 
 __all__ = ["LokyBackend"]
 
@@ -367,22 +367,10 @@ class LokyBackend(Backend):
 
     def _next_chunk(self) -> _ReplyFuture | None:
         # Under the lock. The first queued chunk when loky has an idle worker
-        # and it is pickled; running from here on.
-        while self._queue and len(self._in_loky) < self.max_workers:
-            future = self._queue[0]
-            if future.cancelled():
-                self._queue.popleft()
-                future.set_running_or_notify_cancel()  # tells wait() / as_completed()
-                continue
-            if future.done():  # its pickling failed: the error is on the future
-                self._queue.popleft()
-                continue
-            if future._payload is None:
-                return None  # still being pickled; _pickle feeds again when done
-            self._queue.popleft()
-            if future.set_running_or_notify_cancel():
-                return future
-        return None
+        # and it is pickled (_pickle feeds again once it is); running from here on.
+        if len(self._in_loky) >= self.max_workers:
+            return None
+        return next_ready(self._queue, _itself, _pickled)
 
     def _wait_drained(self) -> None:
         """Wait until every queued chunk was handed to loky (or failed, or was cancelled)."""
@@ -582,3 +570,11 @@ class LokyBackend(Backend):
             # and nobody will read; anonymous memory died with them.
             transport.sweep_dead_workers()
         self._cache.close()
+
+
+def _itself(future: _ReplyFuture) -> _ReplyFuture:
+    return future
+
+
+def _pickled(future: _ReplyFuture) -> bool:
+    return future._payload is not None

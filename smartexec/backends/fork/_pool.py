@@ -31,7 +31,7 @@ from ..._diagnose import (
 )
 from ..._remote import ChunkResult
 from ...errors import InitializerError, TaskTimeoutError, WorkerCrashedError
-from .._base import forced_by
+from .._base import forced_by, next_ready
 from ._children import (
     STOP_TIMEOUT_S,
     _as_multiprocessing_child,
@@ -790,22 +790,7 @@ class _ForkPool:
         with self._lock:
             if self._unsent:
                 return self._unsent.popleft()
-            while self._queue:
-                task = self._queue[0]
-                future = task.future
-                if future.cancelled():
-                    self._queue.popleft()
-                    future.set_running_or_notify_cancel()  # tells wait() / as_completed()
-                    continue
-                if future.done():  # its pickling failed: the error is on the future
-                    self._queue.popleft()
-                    continue
-                if task.payload is None:
-                    return None  # still being pickled; it wakes us when done
-                self._queue.popleft()
-                if future.set_running_or_notify_cancel():
-                    return task
-        return None
+            return next_ready(self._queue, _future_of, _pickled)
 
     def _retire(self, worker: _Worker) -> None:
         """Ask an idle worker to exit (max_tasks_per_child); _bury forks its replacement."""
@@ -1016,3 +1001,11 @@ class _ForkPool:
             self._zygote.close()
         except ValueError:
             pass
+
+
+def _future_of(task: _Task) -> Future[ChunkResult]:
+    return task.future
+
+
+def _pickled(task: _Task) -> bool:
+    return task.payload is not None
