@@ -402,20 +402,10 @@ def _row(table, i):
 
 
 @pytest.mark.timeout(120)
-def test_a_big_argument_repeated_across_batches_is_sent_once_per_worker(monkeypatch):
+def test_a_big_argument_repeated_across_batches_is_sent_once_per_worker(sent):
     # Issue 34: each batch's tasks are the chunk's arguments, where the
     # send-once cache finds the repeat; it was pickled inside every batch.
-    from smartexec import transport
-
-    sizes: list[int] = []
-    real = transport.dumps_request
-
-    def measured(*args, **kwargs):
-        data, lease = real(*args, **kwargs)
-        sizes.append(len(data))
-        return data, lease
-
-    monkeypatch.setattr(transport, "dumps_request", measured)
+    sizes = sent  # conftest's: the size of every request pickled
     table = _Table()
     with parallel_config(backend=SmartBackend(backend="fork"), n_jobs=2):
         got = Parallel(batch_size=1)(delayed(_row)(table, i) for i in range(16))
