@@ -185,8 +185,7 @@ class MapRun:
         ex = self.ex
         with ex._lock:
             ex._ensure_open()
-            decision, self.estimate = ex._route(self.fn)
-            self.decision = ex._with_timeout(decision, self.task_timeout)
+            self.decision, self.estimate = ex._router.route(self.fn, self.task_timeout)
             self.backend = ex._backend(self.decision.backend)
             self.nested = ex._router.nested_on_threads(self.backend, self.decision)
             if self.nested is not None:

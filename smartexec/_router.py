@@ -139,14 +139,29 @@ class Router:
         self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
         self._decided_with_threads: dict[Any, bool] = {}
 
-    def route(self, fn: Callable[..., Any], record: bool = True) -> tuple[Decision, Estimate]:
+    def route(
+        self, fn: Callable[..., Any], task_timeout: float | None = None, record: bool = True
+    ) -> tuple[Decision, Estimate]:
+        """Where ``fn`` runs, under ``task_timeout`` (seconds, or None), and its per-item estimate.
+
+        The cached decision (:meth:`_cached`), moved where one task can be
+        timed out when ``task_timeout`` is set (:meth:`with_timeout`; that
+        part is not cached: a map may give its own). With ``record`` False
+        (``explain()``, a dry run) nothing is logged in ``decisions()``.
+
+        Raises:
+            ValueError: the user forced a backend that cannot time out a task.
+        """
+        decision, estimate = self._cached(fn, record)
+        return self.with_timeout(decision, task_timeout), estimate
+
+    def _cached(self, fn: Callable[..., Any], record: bool) -> tuple[Decision, Estimate]:
         """The policy's decision for ``fn`` and its per-item estimate, cached weakly.
 
         Decided again when threads of the user's start or stop running (see
         :func:`smartexec.policy.decide`'s ``other_threads``). With
-        ``record`` False (``explain()``, a dry run) the same decision is
-        made and cached (map would make it alike) but not logged in
-        :meth:`decisions`.
+        ``record`` False the same decision is made and cached (map would
+        make it alike) but not logged.
         """
         key = identity_key(fn)
         cached = self._decisions.get(key)

@@ -189,8 +189,7 @@ class SubmitRoute:
         if moved is not None:
             decision, learning = moved, False
         else:
-            decision, _ = ex._route(fn)
-            decision = ex._with_timeout(decision, ex._task_timeout)
+            decision, _ = ex._router.route(fn, ex._task_timeout)
             decision, learning = self.decision(fn, decision)
         backend = ex._backend(decision.backend)
         timeout_s = ex._task_timeout

@@ -50,7 +50,6 @@ from .policy import (
 from .progress import ProgressFactory, progress_factory, track
 from .registry import _accepted_options, create_backend, get_backend_class, known_backends
 from .stats import ExecutorStats, StatsRecorder
-from .tuning import Estimate
 
 __all__ = ["SmartExecutor"]
 
@@ -571,10 +570,6 @@ class SmartExecutor(Executor):
         """The user's options, as routing reads them (see :meth:`_keep_stoppable`)."""
         return self._router.options
 
-    def _route(self, fn: Callable[..., Any], record: bool = True) -> tuple[Decision, Estimate]:
-        """``fn``'s decision and per-item estimate (:meth:`Router.route`)."""
-        return self._router.route(fn, record)
-
     def _keep_stoppable(self) -> None:
         """Route as under a ``task_timeout``, with no deadline (:meth:`Router.keep_stoppable`).
 
@@ -582,9 +577,6 @@ class SmartExecutor(Executor):
         """
         self._router.keep_stoppable()
         self._submits.learns = False
-
-    def _with_timeout(self, decision: Decision, task_timeout: float | None) -> Decision:
-        return self._router.with_timeout(decision, task_timeout)
 
     def _route_next(self, fn: Callable[..., Any], decision: Decision, why: str) -> None:
         """Start ``fn``'s next maps (and its submits) on ``decision``'s backend, saying why."""
@@ -618,8 +610,8 @@ class SmartExecutor(Executor):
         Raises:
             TypeError: ``fn`` is not callable.
         """
-        decision, estimate = self._route(fn, record=False)  # a dry run: decisions() unchanged
-        decision = self._with_timeout(decision, self._task_timeout)
+        # A dry run: decisions() unchanged.
+        decision, estimate = self._router.route(fn, self._task_timeout, record=False)
         # What its submits' figures decided, read only: explain() stores nothing.
         learned = self._submits.learned_route(fn)
         if learned is not None and decision.backend in ("fork", "loky") and not decision.share:

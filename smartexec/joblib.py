@@ -632,8 +632,7 @@ def _chunk_sender(
     """
     with ex._lock:
         check_open(ex)
-        decision, _ = ex._route(fn)
-        decision = ex._with_timeout(decision, ex._task_timeout)
+        decision, _ = ex._router.route(fn, ex._task_timeout)
         backend = ex._backend(decision.backend)
         target = backend.prepare(runner(decision), decision.share)
         ex._started.add(backend.name)

@@ -522,7 +522,7 @@ def test_a_stored_profile_seeds_a_new_executor_but_never_starts_it_in_this_proce
         text = str(decision)
         assert "measured in an earlier run (" in text and "300 items" not in text
         assert "200 items): 4.0 ms per item on thread, GIL use: releases" in text
-        estimate = ex._route(work)[1]
+        estimate = ex._router.route(work)[1]
         assert (estimate.per_item_s, estimate.items, estimate.pickle_parent_s) == (0.004, 200, 0.0)
         assert not estimate.loop_here
 
@@ -532,7 +532,7 @@ def test_a_stored_loop_never_starts_a_map_in_this_process():
     new_process_view()
     with SmartExecutor() as ex:
         assert ex.explain(work).backend == "fork"
-        assert not ex._route(work)[1].loop_here
+        assert not ex._router.route(work)[1].loop_here
 
 
 def test_a_stored_process_route_keeps_its_send_cost():
@@ -542,7 +542,7 @@ def test_a_stored_process_route_keeps_its_send_cost():
         decision = ex.explain(work)
         assert decision.backend == "fork"
         assert "GIL use: holds" in str(decision) and "20.0 us per item to send" in str(decision)
-        assert ex._route(work)[1].pickle_parent_s == 2e-5
+        assert ex._router.route(work)[1].pickle_parent_s == 2e-5
 
 
 def test_a_measurement_in_this_process_wins_over_the_store():
