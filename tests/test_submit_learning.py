@@ -897,3 +897,19 @@ def test_a_map_and_submits_count_the_same_watches():
         learner.record(waits, ChunkResult([(True, None)], 0.01, 0.01, watch), 1e-4, "fork")
     key = next(iter(learner._evidence))
     assert list(learner._evidence[key].watches) == [long]
+
+
+def test_after_keep_stoppable_no_submit_takes_the_thread_shortcut():
+    """joblib's Parallel(timeout=) keeps work stoppable: submits then never skip
+    the routing onto threads, whichever object holds the options."""
+    import hashlib
+
+    def digest(data):
+        return hashlib.sha256(data).hexdigest()
+
+    with SmartExecutor(2) as ex:
+        ex._keep_stoppable()
+        assert ex._submits.learns is False and ex._router.options.stoppable
+        for _ in range(3):
+            ex.submit(digest, b"x" * 100).result(timeout=60)
+        assert not ex._submits.fast
