@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
 from .executor import SmartExecutor
@@ -171,52 +172,73 @@ def parallel_map(
     if not isinstance(ordered, bool):
         raise TypeError(f"ordered must be True or False, got {ordered!r}")
     _check_options(max_workers, chunksize, backend, prefer)
+    options = _Options(max_workers, chunksize, backend, prefer, factory or False, ordered)
+    decorate = functools.partial(_decorate, options=options)
+    return decorate(fn) if fn is not None else decorate
 
-    def decorate(func: Callable[[Any], Any]) -> MappedFunction[Any, Any]:
-        lock = threading.Lock()
-        last = [ExecutorStats({})]  # the last finished call's
 
-        def new_executor() -> SmartExecutor:
-            return SmartExecutor(max_workers, backend=backend, prefer=prefer)
+@dataclass(frozen=True)
+class _Options:
+    """The decorator's options, checked; each call makes its executor from them."""
 
-        @functools.wraps(func)
-        def mapped(items: Iterable[Any]) -> list[Any]:
-            executor = new_executor()
-            try:
-                with executor:
-                    return list(
-                        executor.map(
-                            func,
-                            items,
-                            chunksize=chunksize,
-                            progress=factory or False,
-                            ordered=ordered,
-                        )
-                    )
-            finally:
-                snapshot = executor.stats()
-                with lock:
-                    last[0] = snapshot
+    max_workers: int | None
+    chunksize: int | None
+    backend: str | None
+    prefer: Literal["threads", "processes"] | None
+    progress: ProgressFactory | Literal[False]
+    ordered: bool
 
-        def explain(*args: Any, **kwargs: Any) -> Decision:
-            executor = new_executor()
-            try:
-                return executor.explain(func, *args, **kwargs)
-            finally:
-                executor.shutdown()
+    def executor(self) -> SmartExecutor:
+        return SmartExecutor(self.max_workers, backend=self.backend, prefer=self.prefer)
 
-        def stats() -> ExecutorStats:
-            with lock:
-                return last[0]
 
-        def decisions() -> tuple[Decision, ...]:
-            return tuple(stats().decisions)
+class _LastCall:
+    """The last finished call's stats, read and written from any thread."""
 
-        mapped.explain = explain  # type: ignore[attr-defined]
-        mapped.stats = stats  # type: ignore[attr-defined]
-        mapped.decisions = decisions  # type: ignore[attr-defined]
-        return cast(MappedFunction[Any, Any], mapped)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = ExecutorStats({})
 
-    if fn is not None:
-        return decorate(fn)
-    return decorate
+    def keep(self, stats: ExecutorStats) -> None:
+        with self._lock:
+            self._stats = stats
+
+    def stats(self) -> ExecutorStats:
+        with self._lock:
+            return self._stats
+
+    def decisions(self) -> tuple[Decision, ...]:
+        return tuple(self.stats().decisions)
+
+
+def _decorate(func: Callable[[Any], Any], *, options: _Options) -> MappedFunction[Any, Any]:
+    """``func`` as a :class:`MappedFunction` under ``options``."""
+    last = _LastCall()
+
+    @functools.wraps(func)
+    def mapped(items: Iterable[Any]) -> list[Any]:
+        executor = options.executor()
+        try:
+            with executor:
+                results = executor.map(
+                    func,
+                    items,
+                    chunksize=options.chunksize,
+                    progress=options.progress,
+                    ordered=options.ordered,
+                )
+                return list(results)
+        finally:
+            last.keep(executor.stats())
+
+    def explain(*args: Any, **kwargs: Any) -> Decision:
+        executor = options.executor()
+        try:
+            return executor.explain(func, *args, **kwargs)
+        finally:
+            executor.shutdown()
+
+    mapped.explain = explain  # type: ignore[attr-defined]
+    mapped.stats = last.stats  # type: ignore[attr-defined]
+    mapped.decisions = last.decisions  # type: ignore[attr-defined]
+    return cast(MappedFunction[Any, Any], mapped)
