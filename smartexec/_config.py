@@ -52,3 +52,19 @@ class Options:
     retires_workers: bool = False
     initializer: bool = False
     allow_inline: bool = False
+
+    @property
+    def routes_freely(self) -> bool:
+        """No option pins where work runs: the route is the policy's own guess.
+
+        Only then may measured figures move work (e.g. later submits to
+        threads): the user chose no backend, preference, initializer, task
+        timeout or worker retirement.
+        """
+        return (
+            self.backend is None
+            and self.prefer is None
+            and not self.initializer
+            and not self.stoppable
+            and not self.retires_workers
+        )

@@ -447,61 +447,96 @@ def run_chunk(
         included, as in ``concurrent.futures``) are caught and stored,
         never raised.
     """
-    outcomes: list[tuple[bool, Any]] = []
     packed = isinstance(chunk, PackedCalls)
-    mode = 2 if packed and chunk.single else 1 if packed else 0  # type: ignore[union-attr]
     entries: Sequence[Any] = chunk.items if packed else chunk  # type: ignore[union-attr]
     if not isinstance(entries, Sequence):
         entries = list(entries)  # an iterator: its length is needed
+    run = _ChunkRun(fn, 2 if packed and chunk.single else 1 if packed else 0, remote)  # type: ignore[union-attr]
     key = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
-    sampler: GilSampler | None = None
-    watched_from = 0
     if key is not None and len(entries) <= 1:
-        sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
+        run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     cpu_start = time.thread_time() if clock_cpu else 0.0
     start = time.perf_counter()
-    deadline = math.inf if budget_s is None else start + budget_s
-    paused = 0.0  # seconds spent starting a watch mid-chunk: not the items'
-    paused_cpu = 0.0
-    items = iter(entries)
+    run.deadline = math.inf if budget_s is None else start + budget_s
     try:
-        if key is not None and sampler is None:
-            # Several items: the watch starts at the first check (after 1, 2,
-            # 4, ... items) past WATCH_AFTER_S, for the items left, if at the
-            # pace so far they run MIN_WATCHED_S more. A chunk over sooner is
-            # not watched: the sampler's start and stop (0.3-4 ms, most when
-            # the pool's processes start together) would cost more than its
-            # work, and under a sampling period its figures say nothing.
-            batch = 1
-            while True:
-                if _run_items(fn, itertools.islice(items, batch), mode, remote, outcomes, deadline):
-                    break
-                done = len(outcomes)
-                if done >= len(entries):
-                    break
-                elapsed = time.perf_counter() - start
-                if elapsed >= WATCH_AFTER_S:
-                    if elapsed / done * (len(entries) - done) >= MIN_WATCHED_S:
-                        before, before_cpu = time.perf_counter(), time.thread_time()
-                        sampler = _started_sampler()
-                        paused = time.perf_counter() - before
-                        paused_cpu = time.thread_time() - before_cpu
-                        deadline += paused
-                        watched_from = done
-                    _run_items(fn, items, mode, remote, outcomes, deadline)
-                    break
-                batch = min(2 * batch, MAX_UNCHECKED_ITEMS)
+        if key is not None and run.sampler is None:
+            run.watch_midway(entries, start)
         else:
-            _run_items(fn, items, mode, remote, outcomes, deadline)
+            run.items(iter(entries))
     finally:
-        wall = time.perf_counter() - start - paused
-        cpu = time.thread_time() - cpu_start - paused_cpu if clock_cpu else -1.0
+        wall = time.perf_counter() - start - run.paused
+        cpu = time.thread_time() - cpu_start - run.paused_cpu if clock_cpu else -1.0
         gil = None
-        if sampler is not None and key is not None:
-            sampler.items = len(outcomes) - watched_from
-            gil = sampler.stop()
-            _watched_for(key, max(sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
-    return ChunkResult(outcomes, wall, cpu, gil)
+        if run.sampler is not None and key is not None:
+            run.sampler.items = len(run.outcomes) - run.watched_from
+            gil = run.sampler.stop()
+            _watched_for(key, max(run.sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
+    return ChunkResult(run.outcomes, wall, cpu, gil)
+
+
+class _ChunkRun:
+    """One chunk's calls as :func:`run_chunk` makes them: outcomes, deadline, GIL watch."""
+
+    __slots__ = (
+        "fn",
+        "mode",
+        "remote",
+        "outcomes",
+        "deadline",
+        "sampler",
+        "watched_from",
+        "paused",
+        "paused_cpu",
+    )
+
+    def __init__(self, fn: Callable[..., Any], mode: int, remote: bool) -> None:
+        self.fn = fn
+        self.mode = mode
+        self.remote = remote
+        self.outcomes: list[tuple[bool, Any]] = []
+        self.deadline = math.inf
+        self.sampler: GilSampler | None = None
+        self.watched_from = 0  # the first item the sampler saw
+        self.paused = 0.0  # seconds spent starting a watch mid-chunk: not the items'
+        self.paused_cpu = 0.0
+
+    def items(self, items: Iterable[Any]) -> bool:
+        """Run ``items``; True when the deadline stopped them."""
+        return _run_items(self.fn, items, self.mode, self.remote, self.outcomes, self.deadline)
+
+    def watch_midway(self, entries: Sequence[Any], start: float) -> None:
+        """Run every entry; watch the GIL from the first check where it pays.
+
+        The checks come after 1, 2, 4, ... items (at most
+        :data:`MAX_UNCHECKED_ITEMS` apart); the watch starts at the first
+        past :data:`WATCH_AFTER_S` if at the pace so far the items left run
+        :data:`MIN_WATCHED_S` more. A chunk over sooner is not watched: the
+        sampler's start and stop (0.3-4 ms, most when the pool's processes
+        start together) would cost more than its work, and under a sampling
+        period its figures say nothing.
+        """
+        items = iter(entries)
+        batch = 1
+        while not self.items(itertools.islice(items, batch)):
+            done = len(self.outcomes)
+            if done >= len(entries):
+                return
+            elapsed = time.perf_counter() - start
+            if elapsed >= WATCH_AFTER_S:
+                if elapsed / done * (len(entries) - done) >= MIN_WATCHED_S:
+                    self._start_watch()
+                self.items(items)
+                return
+            batch = min(2 * batch, MAX_UNCHECKED_ITEMS)
+
+    def _start_watch(self) -> None:
+        """Start the sampler; its start's seconds count neither as the items' nor on the budget."""
+        before, before_cpu = time.perf_counter(), time.thread_time()
+        self.sampler = _started_sampler()
+        self.paused = time.perf_counter() - before
+        self.paused_cpu = time.thread_time() - before_cpu
+        self.deadline += self.paused
+        self.watched_from = len(self.outcomes)
 
 
 def _started_sampler() -> GilSampler | None:

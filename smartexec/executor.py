@@ -407,15 +407,7 @@ class SmartExecutor(Executor):
         self._max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
         start_method = _start_method(mp_context)
         self._check_worker_options(backend, start_method)
-        if backend is not None:
-            factory = self._check_available(backend)
-            if task_timeout is not None and not takes_timeouts(factory):
-                raise ValueError(
-                    f"backend {backend!r} cannot stop or time out one task, so "
-                    f"task_timeout={task_timeout:g} cannot be honoured there; use "
-                    f'backend="fork" (stops the task) or backend="thread" (fails the '
-                    f"future at the deadline), or leave backend unset"
-                )
+        self._check_forced_backend(backend, task_timeout)
         self._platform = current_platform()
         options = Options(
             backend=backend,
@@ -449,28 +441,11 @@ class SmartExecutor(Executor):
         #: _release_backends): held weakly, so that no map keeps it alive.
         self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
         self._stats = StatsRecorder()
-        # Dropped without shutdown(): let the backends go when this object
-        # dies, as the stdlib executors do (the callback holds no reference to
-        # self). Not at interpreter exit (weakref.finalize's default): a fork
-        # pool shut down without waiting runs its whole queue out then, and an
-        # executor still referenced at exit has its pools stopped instead
-        # (fork's exit hook): a forgotten shutdown() held the exit for as long
-        # as its queued calls ran, depending on which exit hook ran first.
-        weakref.finalize(
-            self, _release_backends, self._backends, self._rest_if_dropped
-        ).atexit = False
+        self._release_backends_when_dropped()
         self._started: set[str] = set()
         # Completed submits' figures (smartexec._submit_learning) move later
-        # submits to threads only where the route to processes is the
-        # policy's guess, not the user's choice or the callable's state.
-        self._submits = SubmitRoute(
-            self,
-            learns=backend is None
-            and prefer is None
-            and initializer is None
-            and task_timeout is None
-            and self._max_tasks_per_child is None,
-        )
+        # submits to threads only where the route is the policy's guess.
+        self._submits = SubmitRoute(self, learns=options.routes_freely)
         if backend is not None:
             self._backends[backend] = create_backend(
                 backend,
@@ -478,6 +453,37 @@ class SmartExecutor(Executor):
                 self._platform.cpu_count,
                 {**backend_options, **self._worker_options(backend)},
             )
+
+    def _check_forced_backend(self, backend: str | None, task_timeout: float | None) -> None:
+        """Refuse a ``backend=`` that is unknown, unavailable or cannot honour ``task_timeout``.
+
+        Raises:
+            UnknownBackendError, BackendUnavailableError: see ``_check_available``.
+            ValueError: ``task_timeout`` on a backend that cannot stop a task.
+        """
+        if backend is None:
+            return
+        factory = self._check_available(backend)
+        if task_timeout is not None and not takes_timeouts(factory):
+            raise ValueError(
+                f"backend {backend!r} cannot stop or time out one task, so "
+                f"task_timeout={task_timeout:g} cannot be honoured there; use "
+                f'backend="fork" (stops the task) or backend="thread" (fails the '
+                f"future at the deadline), or leave backend unset"
+            )
+
+    def _release_backends_when_dropped(self) -> None:
+        """Dropped without shutdown(): let the backends go when this object dies.
+
+        As the stdlib executors do (the callback holds no reference to self).
+        Not at interpreter exit (weakref.finalize's default): a fork pool shut
+        down without waiting runs its whole queue out then, and an executor
+        still referenced at exit has its pools stopped instead (fork's exit
+        hook): a forgotten shutdown() held the exit for as long as its queued
+        calls ran, depending on which exit hook ran first.
+        """
+        finalizer = weakref.finalize(self, _release_backends, self._backends, self._rest_if_dropped)
+        finalizer.atexit = False
 
     def _check_worker_options(self, backend: str | None, start_method: str | None) -> None:
         """Refuse worker options no backend of this executor could honour.
