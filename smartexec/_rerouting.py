@@ -660,33 +660,41 @@ def reroute(
     figures = ", ".join(f"{route} {seconds:.3f} s" for route, seconds in predicted.items())
     if priced is not None and kind is None:
         figures += f" (on the GIL use measured before: {priced})"
-    here = predicted[current]
-    if kind is None:
-        # Only a loop's prediction, and a process route's, do not rest on the
-        # GIL kind: without one, a process route may still give way to a loop;
-        # so may threads running cheap items (under CHEAP_ITEM_S: they gain
-        # nothing from threads, whatever the GIL).
-        cheap = evidence.per_item_s < CHEAP_ITEM_S
-        movable = ("inline",) if current != "thread" or cheap else ()
-        predicted_known = {r: t for r, t in predicted.items() if r == current or r in movable}
-    else:
-        predicted_known = predicted
-    best = min(predicted_known, key=lambda route: (predicted_known[route], route != current))
+    known = _known_predictions(evidence, current, predicted)
+    best = min(known, key=lambda route: (known[route], route != current))
     what = f"{evidence.describe()}; predicted for the {left} items not sent yet: {figures}"
     if best == current:
-        tied = any(
-            route != current and seconds <= here * 1.001
-            for route, seconds in predicted_known.items()
+        return Reroute(
+            None, predicted, f"{what} -> stays on {current} ({_why_stay(kind, current, known)})"
         )
-        why = (
-            "its GIL use is not settled yet"
-            if kind is None
-            else "no route is predicted faster"
-            if tied
-            else f"{current} is fastest"
-        )
-        return Reroute(None, predicted, f"{what} -> stays on {current} ({why})")
     return _move_if_worth_it(what, current, best, predicted, may_move)
+
+
+def _known_predictions(
+    evidence: Evidence, current: str, predicted: dict[str, float]
+) -> dict[str, float]:
+    """The predictions :func:`reroute` may choose among: those its GIL kind allows.
+
+    Only a loop's prediction, and a process route's, do not rest on the GIL
+    kind: without one, a process route may still give way to a loop; so may
+    threads running cheap items (under :data:`CHEAP_ITEM_S`: they gain
+    nothing from threads, whatever the GIL).
+    """
+    if evidence.kind is not None:
+        return predicted
+    cheap = evidence.per_item_s < CHEAP_ITEM_S
+    movable = ("inline",) if current != "thread" or cheap else ()
+    return {route: s for route, s in predicted.items() if route == current or route in movable}
+
+
+def _why_stay(kind: GilKind | None, current: str, known: dict[str, float]) -> str:
+    """Why the current route stays, when it is (one of) the fastest ``known``."""
+    if kind is None:
+        return "its GIL use is not settled yet"
+    here = known[current]
+    if any(route != current and s <= here * 1.001 for route, s in known.items()):
+        return "no route is predicted faster"
+    return f"{current} is fastest"
 
 
 def _priced_item(evidence: Evidence, current: str, priced: GilKind | None) -> tuple[float, float]:
