@@ -848,31 +848,10 @@ class FunctionReader:
     def known_call(self, callee: Any, call: Call, node: ast.Call) -> Ref:
         """A call of an object found by lookups: the tables, or its code read in turn."""
         reader = self.scope.reader
-        if not self.record:
-            return result_ref(callee, call)
-        where = self.where(node)
-        name = dotted(node.func)
-        if is_declared(callee):
+        if not self.record or is_declared(callee):
             return result_ref(callee, call)
         owner = getattr(callee, "__self__", None)
-        generators = global_generators()
-        if owner is not None and id(owner) in generators and not isinstance(owner, type):
-            reader.budget.add(
-                "process",
-                f"uses the process's global {generators[id(owner)]} generator (`{name}`)",
-                where,
-            )
-        elif is_generator(owner) and isinstance(node.func, ast.Attribute):
-            self.write(self.ref(node.func.value), f" (draws from it: `{name}`)", node)
-        module, fname = qualified(callee)
-        found = table_effect(callee, module, fname)
-        if found is not None:
-            reader.budget.add(found[0], found[1], where)
-        if callee is next and call.args:
-            self.write(call.args[0], " (`next()` advances it)", node)
-        position = WRITES_ARGUMENT.get((module, fname))
-        if position is not None and position < len(call.args):
-            self.write(call.args[position], f" (`{name}`)", node)
+        self.table_effects(callee, call, node, owner)
         if isinstance(callee, types.MethodType) and isinstance(callee.__func__, types.FunctionType):
             self_ref = (
                 self.ref(node.func.value) if isinstance(node.func, ast.Attribute) else NOTHING
@@ -902,14 +881,44 @@ class FunctionReader:
         ):
             reader.function(wrapped, call)  # the user's code in an lru_cache or kin
             # What a cache returns is the same object for every call that hits it.
-            return root_ref(Root("shared", f"what the cached `{name}` returns"))
+            return root_ref(Root("shared", f"what the cached `{dotted(node.func)}` returns"))
+        return self.object_call(callee, call, node, owner)
+
+    def table_effects(self, callee: Any, call: Call, node: ast.Call, owner: Any) -> None:
+        """Note what the tables know of ``callee``: global generators, effects, written arguments."""
+        budget = self.scope.reader.budget
+        where = self.where(node)
+        name = dotted(node.func)
+        generators = global_generators()
+        if owner is not None and id(owner) in generators and not isinstance(owner, type):
+            budget.add(
+                "process",
+                f"uses the process's global {generators[id(owner)]} generator (`{name}`)",
+                where,
+            )
+        elif is_generator(owner) and isinstance(node.func, ast.Attribute):
+            self.write(self.ref(node.func.value), f" (draws from it: `{name}`)", node)
+        module, fname = qualified(callee)
+        found = table_effect(callee, module, fname)
+        if found is not None:
+            budget.add(found[0], found[1], where)
+        if callee is next and call.args:
+            self.write(call.args[0], " (`next()` advances it)", node)
+        position = WRITES_ARGUMENT.get((module, fname))
+        if position is not None and position < len(call.args):
+            self.write(call.args[position], f" (`{name}`)", node)
+
+    def object_call(self, callee: Any, call: Call, node: ast.Call, owner: Any) -> Ref:
+        """A call of a built-in, a ufunc, a descriptor or an object with a ``__call__``."""
+        reader = self.scope.reader
+        name = dotted(node.func)
         if is_ufunc(callee):
             nin = int(getattr(callee, "nin", 1))
             for out in call.args[nin:]:
                 self.write(out, f" (`{name}` out)", node)
         if owner is not None and not isinstance(owner, (types.ModuleType, type)):
             # A built-in method bound at module level (`_add = _SEEN.add`).
-            if id(owner) in generators or is_ufunc(owner):
+            if id(owner) in global_generators() or is_ufunc(owner):
                 return NOTHING
             receiver = object_ref(owner, f"the object `{name}` is bound to")
             return self.method_call(getattr(callee, "__name__", ""), receiver, call, node, owner)
@@ -928,6 +937,7 @@ class FunctionReader:
                 return reader.function(
                     call_method, call, {first_param(call_method): callee}, receiver
                 )
+        module, fname = qualified(callee)
         if fname and module not in ("builtins",):
             reader.budget.trusted.setdefault(f"{module}.{fname}" if module else fname, None)
         return result_ref(callee, call)
