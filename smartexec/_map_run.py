@@ -550,7 +550,7 @@ class MapRun:
                 count_at_end(n_rest, time.perf_counter(), self.ex._stats.inline),
             )
         return SendableChain.from_iterable(
-            inline_batches(self.prefix, run, self.left, self.verdict, self.switch, self.ordered)
+            inline_batches(self.prefix, run, self.verdict, self.switch, self.ordered)
         )
 
     # -- 5. switch

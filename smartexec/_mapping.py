@@ -1038,7 +1038,6 @@ def count_at_end(n_items: int, start: float, on_end: Callable[[int, float], None
 def inline_batches(
     prefix: list[Any],
     run: InlineRun,
-    left: Callable[[], int | None],
     verdict: Callable[[], Verdict],
     switch: Callable[[str], ChunkStream],
     ordered: bool = True,
@@ -1061,13 +1060,11 @@ def inline_batches(
     yield drain(prefix)
     apply = itertools.starmap if run.star else map
     inputs, estimate = run.inputs, run.estimate
+    slow = _SlowerItems(verdict)
     size = 0
     elapsed = 0.0
     tiny = 16  # C-level batches start small: the estimate may come from an older map
     tiny_batch = False
-    slow_since: float | None = (
-        None  # the figure before a batch that read slow, until the next confirms it
-    )
     start = time.perf_counter()
     while True:
         if size:
@@ -1078,20 +1075,10 @@ def inline_batches(
             run.items += size
             if run.on_batch is not None:
                 run.on_batch(size, elapsed)
-            # A loop can only start losing when items get slower: re-check then,
-            # and move only when the next batch is slow by itself too (one
-            # stalled batch, a garbage collection or the machine busy elsewhere,
-            # sent a loop of 0.1 us items to threads after 336 items).
-            own = elapsed / size
-            if slow_since is not None:
-                if own > 1.2 * slow_since:
-                    now = verdict()
-                    if not now.inline:
-                        yield stream_values([], switch(now.reason), ordered)
-                        return
-                slow_since = None
-            elif (estimate.per_item_s or 0.0) > 1.2 * before and not verdict().inline:
-                slow_since = before
+            move = slow.move(before, estimate.per_item_s or 0.0, elapsed / size)
+            if move is not None:
+                yield stream_values([], switch(move.reason), ordered)
+                return
         start = time.perf_counter()
         tiny_batch = (estimate.per_item_s or PROBE_S) < TINY_ITEM_S
         if not tiny_batch:
@@ -1119,6 +1106,39 @@ def inline_batches(
         limit = TINY_BATCH if not elapsed or elapsed >= TINY_BATCH_S else 16 * TINY_BATCH
         tiny = min(limit, 4 * tiny)
         yield apply(run.fn, batch)
+
+
+class _SlowerItems:
+    """When a loop's items got slower: the verdict that moves it, confirmed by a second batch.
+
+    A loop can only start losing when items get slower: the verdict is
+    re-checked then, and the loop moves only when the next batch is slow by
+    itself too (one stalled batch, a garbage collection or the machine busy
+    elsewhere, sent a loop of 0.1 us items to threads after 336 items).
+    """
+
+    def __init__(self, verdict: Callable[[], Verdict]) -> None:
+        self._verdict = verdict
+        self._since: float | None = None  # the figure before a batch that read slow
+
+    def move(self, before: float, estimate: float, own: float) -> Verdict | None:
+        """After a batch: the verdict to move on, or None to stay.
+
+        Args:
+            before: the per-item estimate before the batch (seconds).
+            estimate: the estimate after it (seconds).
+            own: the batch's own seconds per item.
+        """
+        if self._since is not None:
+            since, self._since = self._since, None
+            if own > 1.2 * since:
+                now = self._verdict()
+                if not now.inline:
+                    return now
+            return None
+        if estimate > 1.2 * before and not self._verdict().inline:
+            self._since = before
+        return None
 
 
 class _TimedItems:

@@ -66,7 +66,7 @@ def run_loop(fn, items, per_item_s, slow_s=None):
         raise AssertionError(reason)
 
     kinds, results = [], []
-    for batch in inline_batches([], run, lambda: None, verdict, switch):
+    for batch in inline_batches([], run, verdict, switch):
         kinds.append(type(batch))
         results.extend(batch)  # each batch is read before the next is made, as map's reader does
     return kinds, results
@@ -135,7 +135,7 @@ def test_items_that_turn_slow_for_good_move_the_loop(clock):
 
     read = []
     with pytest.raises(RuntimeError):  # StopIteration raised inside a generator
-        for batch in inline_batches([], run, lambda: None, verdict, switch):
+        for batch in inline_batches([], run, verdict, switch):
             read.extend(batch)
     # the C batch that held the turn (items 336-1359), then one timed batch confirms
     assert moved and len(read) < 1360 + 16, len(read)
