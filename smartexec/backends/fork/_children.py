@@ -99,19 +99,8 @@ def _worker_main(
     mark_worker_process()
     _threads.forget_inherited_pools()
     try:
-        if initializer is not None:
-            handlers = _initializer.logging_handlers()
-            try:
-                initializer(*initargs)
-            except BaseException as exc:
-                # Logged here first, where the initializer may have sent this
-                # worker's logging (as the stdlib's worker logs it).
-                _initializer.log_in_worker(exc, handlers)
-                if ctl is not None:
-                    text = _initializer.traceback_text(exc).encode("utf-8", "replace")
-                    with contextlib.suppress(OSError):
-                        ctl.send(b"I%d " % os.getpid() + text)
-                return
+        if initializer is not None and not _initialized(initializer, initargs, ctl):
+            return
     finally:
         if ctl is not None:
             ctl.close()
@@ -135,6 +124,28 @@ def _worker_main(
         if blas_cap is not None and _native_threads_run():
             cap_in_this_process(blas_cap)  # their pool runs: no new threads start
             blas_cap = None
+
+
+def _initialized(
+    initializer: Callable[..., Any], initargs: tuple[Any, ...], ctl: socket.socket | None
+) -> bool:
+    """Run ``initializer(*initargs)`` in this worker; False when it raised.
+
+    A failure is logged here first, where the initializer may have sent this
+    worker's logging (as the stdlib's worker logs it), then sent on ``ctl``
+    as ``I<pid> <traceback>``.
+    """
+    handlers = _initializer.logging_handlers()
+    try:
+        initializer(*initargs)
+    except BaseException as exc:
+        _initializer.log_in_worker(exc, handlers)
+        if ctl is not None:
+            text = _initializer.traceback_text(exc).encode("utf-8", "replace")
+            with contextlib.suppress(OSError):
+                ctl.send(b"I%d " % os.getpid() + text)
+        return False
+    return True
 
 
 def _native_threads_run() -> bool:
