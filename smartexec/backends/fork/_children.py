@@ -244,57 +244,99 @@ def _zygote_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(parent_end)  # the parent's end of ctl, inherited by the fork
-    direct_fds: list[int] = []
+    zygote = _Zygote(ctl, blas_threads, blas, (initializer, initargs), parent_pid)
     for pid in direct:
         with contextlib.suppress(OSError):
-            direct_fds.append(os.pidfd_open(pid))
+            zygote.direct_fds.append(os.pidfd_open(pid))
     for fd in inherited_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    # Cap BLAS here, once, not in each worker: the workers inherit the cap.
-    # Capping OpenBLAS after a fork starts its thread pool, whose threads spin
-    # for ~0.1 s of CPU; capped right before the zygote's first fork, they stop
-    # at once (OpenBLAS shuts its pool down before a fork), so no process runs
-    # a spinning thread: not a worker, and not a zygote that has no worker to
-    # fork yet (its pool's first worker was forked by the parent itself).
-    capped = False
-    zygote_pid = os.getpid()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    children: set[int] = set()
-    ctl.setblocking(False)
-    outbox: collections.deque[bytes] = collections.deque()
-    poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
-    poller.register(ctl.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
+    zygote.unforked.extend(fd for _, fd in prefork)
+    for ident, worker_fd in prefork:
+        zygote.unforked.remove(worker_fd)
+        zygote.fork_worker(ident, worker_fd)
+    asked = zygote.serve()
+    # The parent closed its end: workers were asked to stop (or their parent died).
+    zygote.reap(STOP_TIMEOUT_S)
+    for pid in list(zygote.children):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if not asked:
+        # The parent is gone: its own workers too (after the grace above).
+        for fd in zygote.direct_fds:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    zygote.reap(STOP_TIMEOUT_S)
 
-    def send(message: bytes) -> None:
-        outbox.append(message)
-        flush()
 
-    def flush() -> None:
-        while outbox:
+class _Zygote:
+    """The zygote's state and steps (see :func:`_zygote_main`): fork, reply, reap, serve."""
+
+    def __init__(
+        self,
+        ctl: socket.socket,
+        blas_threads: int,
+        blas: Any,
+        init: tuple[Callable[..., Any] | None, tuple[Any, ...]],
+        parent_pid: int,
+    ) -> None:
+        self.ctl = ctl
+        self.parent_pid = parent_pid
+        self.pid = os.getpid()
+        self.init = init
+        # Cap BLAS here, once, not in each worker: the workers inherit the cap.
+        # Capping OpenBLAS after a fork starts its thread pool, whose threads
+        # spin for ~0.1 s of CPU; capped right before the zygote's first fork,
+        # they stop at once (OpenBLAS shuts its pool down before a fork), so no
+        # process runs a spinning thread: not a worker, and not a zygote that
+        # has no worker to fork yet (its first was forked by the parent itself).
+        self.blas: tuple[int, Any] | None = (blas_threads, blas)
+        self.children: set[int] = set()
+        self.direct_fds: list[int] = []  # pidfds of the workers the parent forked
+        self.unforked: list[int] = []  # prefork's ends this process holds, not yet a worker's
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        ctl.setblocking(False)
+        self.outbox: collections.deque[bytes] = collections.deque()
+        self.poller = select.poll()  # not select(): fds past 1024 (a busy server) are fine
+        self.poller.register(ctl.fileno(), select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
+
+    def send(self, message: bytes) -> None:
+        """Queue ``message`` for the parent and send what the socket takes."""
+        self.outbox.append(message)
+        self.flush()
+
+    def flush(self) -> None:
+        """Send queued replies until the socket is full (then wait for POLLOUT)."""
+        while self.outbox:
             try:
-                ctl.send(outbox[0])
+                self.ctl.send(self.outbox[0])
             except BlockingIOError:  # the parent reads on: send the rest when it can
-                poller.modify(ctl.fileno(), select.POLLIN | select.POLLOUT)
+                self.poller.modify(self.ctl.fileno(), select.POLLIN | select.POLLOUT)
                 return
             except OSError:
-                outbox.clear()  # the parent is gone
+                self.outbox.clear()  # the parent is gone
                 break
-            outbox.popleft()
-        poller.modify(ctl.fileno(), select.POLLIN)
+            self.outbox.popleft()
+        self.poller.modify(self.ctl.fileno(), select.POLLIN)
 
-    def reap(block_s: float = 0.0) -> None:
+    def drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 512):
+                pass
+
+    def reap(self, block_s: float = 0.0) -> None:
+        """Report exited workers (``X<pid> <exitcode>``); wait up to ``block_s`` for the rest."""
         deadline = time.monotonic() + block_s
-        while children:
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                children.clear()
+                self.children.clear()
                 return
             if pid == 0:
                 left = deadline - time.monotonic()
@@ -302,89 +344,65 @@ def _zygote_main(
                     return
                 # Until the next SIGCHLD (its handler writes to wake_w), not a
                 # fixed sleep: a stopping pool waits for its workers' exits.
-                select.select([wake_r], [], [], min(left, 0.05))
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_r, 512):
-                        pass
+                select.select([self.wake_r], [], [], min(left, 0.05))
+                self.drain_wakeups()
                 continue
-            children.discard(pid)
-            send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
+            self.children.discard(pid)
+            self.send(b"X%d %d" % (pid, os.waitstatus_to_exitcode(status)))
 
-    unforked: list[int] = []  # prefork's ends this process holds, not yet a worker's
-
-    def fork_worker(ident: int, worker_fd: int) -> None:
-        nonlocal capped
-        if not capped:
-            cap_in_this_process(blas_threads, blas)
-            capped = True
+    def fork_worker(self, ident: int, worker_fd: int) -> None:
+        """Fork a worker on ``worker_fd`` and report it (``P<ident> <pid>``)."""
+        if self.blas is not None:
+            cap_in_this_process(*self.blas)
+            self.blas = None
         pid = os.fork()
         if pid == 0:  # the worker
             code = 0
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                for other_fd in (*unforked, *direct_fds):
+                os.close(self.wake_r)
+                os.close(self.wake_w)
+                for other_fd in (*self.unforked, *self.direct_fds):
                     os.close(other_fd)  # the ends of siblings not forked yet
                 conn = multiprocessing.connection.Connection(worker_fd)
                 # ctl stays open through the initializer (to report its
                 # failure); _worker_main closes it before the loop.
-                _worker_main(conn, zygote_pid, parent_pid, initializer, initargs, ctl)
+                _worker_main(conn, self.pid, self.parent_pid, *self.init, self.ctl)
             except BaseException:
                 code = 1
             finally:
                 os._exit(code)
         os.close(worker_fd)
-        children.add(pid)
-        send(b"P%d %d" % (ident, pid))
+        self.children.add(pid)
+        self.send(b"P%d %d" % (ident, pid))
 
-    unforked.extend(fd for _, fd in prefork)
-    for ident, worker_fd in prefork:
-        unforked.remove(worker_fd)
-        fork_worker(ident, worker_fd)
-    asked = False  # whether the parent asked the pool to stop (Q), rather than died
-    while True:
-        events = dict(poller.poll(PARENT_CHECK_S * 1000))
-        ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
-        if not events and os.getppid() != parent_pid:
-            break
-        if events.get(ctl.fileno(), 0) & select.POLLOUT:
-            flush()
-        if wake_r in ready:
+    def serve(self) -> bool:
+        """Fork workers on request until asked to stop; True when asked (``Q``), not orphaned."""
+        ctl = self.ctl.fileno()
+        while True:
+            events = dict(self.poller.poll(PARENT_CHECK_S * 1000))
+            ready = {fd for fd, event in events.items() if event & ~select.POLLOUT}
+            if not events and os.getppid() != self.parent_pid:
+                return False
+            if events.get(ctl, 0) & select.POLLOUT:
+                self.flush()
+            if self.wake_r in ready:
+                self.drain_wakeups()
+                self.reap()
+            if ctl not in ready:
+                continue
             try:
-                while os.read(wake_r, 512):
-                    pass
+                message, fds, _, _ = socket.recv_fds(self.ctl, 256, 4)
             except BlockingIOError:
-                pass
-            reap()
-        if ctl.fileno() not in ready:
-            continue
-        try:
-            message, fds, _, _ = socket.recv_fds(ctl, 256, 4)
-        except BlockingIOError:
-            continue
-        except OSError:
-            message, fds = b"", []
-        if not message or message == b"Q":
-            for fd in fds:
-                os.close(fd)
-            asked = message == b"Q"
-            break
-        fork_worker(int(message[1:]), fds[0])
-    # The parent closed its end: workers were asked to stop (or their parent died).
-    reap(STOP_TIMEOUT_S)
-    for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if not asked:
-        # The parent is gone: its own workers too (after the grace above).
-        for fd in direct_fds:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-    reap(STOP_TIMEOUT_S)
+                continue
+            except OSError:
+                message, fds = b"", []
+            if not message or message == b"Q":
+                for fd in fds:
+                    os.close(fd)
+                return message == b"Q"
+            self.fork_worker(int(message[1:]), fds[0])
 
 
 def _exit_description(exitcode: int | None) -> str:
