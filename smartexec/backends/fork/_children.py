@@ -210,14 +210,6 @@ def _zygote_main(
       that worker (it runs in each worker after its fork, see
       :func:`_worker_main`), just before the worker exits.
 
-    The zygote never blocks on ``ctl``: its replies wait in an outbox until
-    the socket takes them. A new pool's workers (``prefork``) are all
-    reported before the parent's dispatcher reads a reply, and replacements
-    may be asked for in bursts; about 280 records fill a ``SOCK_SEQPACKET``
-    buffer each way, and a zygote blocked in ``send`` would stop reading
-    requests, blocking the parent's ``send_fds`` in turn (``max_workers`` in
-    the hundreds hung the pool).
-
     ``inherited_fds``: the parent's ends of the pipes of the workers it forked
     itself and of those in ``prefork`` (see :class:`_ForkPool`), closed here
     at once.
@@ -270,7 +262,16 @@ def _zygote_main(
 
 
 class _Zygote:
-    """The zygote's state and steps (see :func:`_zygote_main`): fork, reply, reap, serve."""
+    """The zygote's state and steps (see :func:`_zygote_main`): fork, reply, reap, serve.
+
+    The zygote never blocks on ``ctl``: its replies wait in an outbox until
+    the socket takes them. A new pool's workers (``prefork``) are all
+    reported before the parent's dispatcher reads a reply, and replacements
+    may be asked for in bursts; about 280 records fill a ``SOCK_SEQPACKET``
+    buffer each way, and a zygote blocked in ``send`` would stop reading
+    requests, blocking the parent's ``send_fds`` in turn (``max_workers`` in
+    the hundreds hung the pool).
+    """
 
     def __init__(
         self,
