@@ -17,7 +17,7 @@ stages, each a method a reader can hold:
    the route's workers.
 
 Where each item goes is the executor's ChunkStream and Relay's (see
-``_mapping.py``); this module only decides how a map starts.
+``_chunk_stream.py`` and ``_mapping.py``); this module only decides how a map starts.
 """
 
 from __future__ import annotations
@@ -28,25 +28,26 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _profiles
+from ._chunk_stream import ChunkStream, StreamPlan
 from ._code_hint import ARITHMETIC_ONLY, arithmetic_only, small_numbers
 from ._context import in_caller, on_threads
-from ._mapping import (
+from ._inputs import (
     PICKLE_SAMPLE,
-    TINY_ITEM_S,
-    ChunkStream,
-    InlineRun,
-    SendableChain,
-    StreamPlan,
     common_length,
-    count_at_end,
     dear_to_send,
     drain,
-    inline_batches,
-    lazy_inline,
     measure_pickling,
     snapshot_inputs,
-    stream_values,
     then_raise,
+)
+from ._mapping import (
+    TINY_ITEM_S,
+    InlineRun,
+    SendableChain,
+    count_at_end,
+    inline_batches,
+    lazy_inline,
+    stream_values,
 )
 from ._rerouting import CHEAP_ITEM_S
 from ._routed_map import RoutedMap, open_stream

@@ -24,18 +24,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from . import _profiles, _threads
+from ._chunk_stream import ChunkStream, StreamPlan, default_buffersize
 from ._context import in_caller
 from ._diagnose import explain_pickling
-from ._mapping import (
-    PICKLE_SAMPLE,
-    ChunkStream,
-    InlineStream,
-    Relay,
-    StreamPlan,
-    default_buffersize,
-    measure_pickling,
-    stream_values,
-)
+from ._inputs import PICKLE_SAMPLE, measure_pickling
+from ._mapping import InlineStream, Relay, stream_values
 from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, Reroute, reroute
 from ._sender import send_chunk
@@ -98,7 +91,7 @@ class RoutedMap:
         end_time: ``map``'s deadline (``time.monotonic()``) or None.
         buffersize: the user's buffersize or None.
         dear: each item carries big arguments of its own
-            (:func:`~smartexec._mapping.dear_to_send`): one item per worker
+            (:func:`~smartexec._inputs.dear_to_send`): one item per worker
             goes at a time until the figures give a verdict, so that a map
             they move to threads has not copied a window of them first.
     """

@@ -43,7 +43,7 @@ from .registry import get_backend_class
 from .tuning import Estimate
 
 if TYPE_CHECKING:
-    from ._mapping import ChunkStream
+    from ._chunk_stream import ChunkStream
 
 __all__ = ["Router", "ROUTE_SETTLE_S", "other_threads", "takes_timeouts"]
 

@@ -23,15 +23,13 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _profiles
+from ._chunk_stream import ChunkStream
 from ._identity import identity_key
+from ._inputs import common_length
 from ._map_run import MapRun
 from ._map_run import check_task_timeout as _check_task_timeout
 from ._map_run import require_int as _require_int
-from ._mapping import (
-    ChunkStream,
-    as_generator,
-    common_length,
-)
+from ._mapping import as_generator
 from ._router import Router, takes_timeouts
 from ._submit_route import SubmitRoute
 from ._system import current_platform, interpreter_exiting

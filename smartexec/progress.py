@@ -7,7 +7,7 @@ hands out. Counting at that point makes the count right whatever ran the
 items: one-item or thousand-item chunks, fork, loky or thread workers, the
 inline route, or the first items that ``map`` measured in the calling thread.
 The bar's total is the input's length when every iterable has one
-(:func:`smartexec._mapping.common_length`), else None (tqdm then shows a
+(:func:`smartexec._inputs.common_length`), else None (tqdm then shows a
 count and a rate).
 
 The bar moves as results are *taken*, in input order (as they complete with

@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from smartexec._mapping import ChunkStream, stream_values
+from smartexec._chunk_stream import ChunkStream
+from smartexec._mapping import stream_values
 from smartexec._remote import run_chunk
 from smartexec.tuning import Estimate
 

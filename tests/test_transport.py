@@ -435,7 +435,7 @@ def test_no_warning_is_left_by_the_tracker_registration():
 def test_small_items_are_timed_as_a_chunk_pickles_them():
     # One pickler per item charged its set-up to every item (~5 us against
     # ~0.2 us in a chunk): maps of 5 us items that a process pool wins stayed inline.
-    from smartexec._mapping import measure_pickling
+    from smartexec._inputs import measure_pickling
     from smartexec.transport import estimate_send_s
     from smartexec.tuning import Estimate
 
@@ -454,7 +454,7 @@ def test_a_big_argument_every_item_shares_is_priced_once_per_chunk():
     # The same 20 MiB array in every call is sent (or proven unchanged) once
     # per chunk: priced 7 ms an item, such maps ran as a loop that a process
     # pool's big chunks beat.
-    from smartexec._mapping import measure_pickling
+    from smartexec._inputs import measure_pickling
     from smartexec.transport import SHM_WRITE_S_PER_BYTE
     from smartexec.tuning import Estimate
 

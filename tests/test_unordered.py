@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from smartexec import SmartExecutor, parallel_map
 from smartexec import _routed_map as routed_map
-from smartexec._mapping import ChunkStream, stream_values
+from smartexec._chunk_stream import ChunkStream
+from smartexec._mapping import stream_values
 from smartexec._rerouting import Reroute
 from smartexec.errors import WorkerCrashedError
 

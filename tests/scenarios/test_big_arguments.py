@@ -146,7 +146,7 @@ def doubled_total(a):
 
 
 def test_which_items_are_dear_to_send():
-    from smartexec._mapping import dear_to_send
+    from smartexec._inputs import dear_to_send
 
     big = [np.zeros(2 * MiB // 8), np.ones(2 * MiB // 8)]
     assert dear_to_send((big,))

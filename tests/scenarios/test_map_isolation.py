@@ -374,7 +374,7 @@ def test_other_containers_changed_after_map_returns_do_not_change_the_results(ma
 
 def test_an_input_copy_keeps_its_item_size():
     # A bytearray read as a list of ints took 8x its size (880 MB for 100 MB).
-    from smartexec._mapping import snapshot_inputs
+    from smartexec._inputs import snapshot_inputs
 
     data, numbers = bytearray(b"abc"), array.array("i", [1, 2, 3])
     copied_data, copied_numbers = snapshot_inputs((data, numbers))

@@ -295,16 +295,16 @@ def test_a_map_started_in_a_loop_moves_when_its_items_turn_slow():
 
 
 def test_a_map_that_moves_keeps_its_buffersize(monkeypatch):
-    from smartexec import _mapping
+    from smartexec import _chunk_stream
 
     seen = []
-    original = _mapping.ChunkStream.__init__
+    original = _chunk_stream.ChunkStream.__init__
 
     def recording(self, **kwargs):
         seen.append(kwargs["buffersize"])
         original(self, **kwargs)
 
-    monkeypatch.setattr(_mapping.ChunkStream, "__init__", recording)
+    monkeypatch.setattr(_chunk_stream.ChunkStream, "__init__", recording)
     gil.forget(wait_10ms)  # measured by an earlier test in this process: it would start on threads
     with SmartExecutor() as ex:
         assert ex.explain(wait_10ms).backend == "fork"
