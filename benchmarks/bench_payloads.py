@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from smartexec import SmartExecutor, _shm, transport
+from smartexec import SmartExecutor, _shm, _wire
 
 MiB = 1 << 20
 
@@ -318,7 +318,7 @@ def scenario_b(rounds: int, workers: int) -> Medians:
     w = statistics.median(writes)
     print(
         f"   writing one into /dev/shm: {w * 1000:.1f} ms ({16 * MiB / w / 1e9:.1f} GB/s; "
-        f"transport.SHM_WRITE_S_PER_BYTE assumes {1 / transport.SHM_WRITE_S_PER_BYTE / 1e9:.1f})"
+        f"_wire.SHM_WRITE_S_PER_BYTE assumes {1 / _wire.SHM_WRITE_S_PER_BYTE / 1e9:.1f})"
     )
 
     def threads() -> list[float]:

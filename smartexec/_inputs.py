@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from .transport import BIG_BUFFER_BYTES, SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
+from ._wire import BIG_BUFFER_BYTES, SHM_WRITE_S_PER_BYTE, estimate_send_s, send_parts
 from .tuning import Estimate
 
 T = TypeVar("T")
@@ -100,10 +100,10 @@ def dear_to_send(iterables: tuple[Iterable[Any], ...]) -> bool:
 
     Looks at the first item of inputs that are lists or tuples (others
     cannot be looked at without reading them): True when one of its
-    arguments pickles to :data:`~smartexec.transport.BIG_BUFFER_BYTES` or
+    arguments pickles to :data:`~smartexec._wire.BIG_BUFFER_BYTES` or
     more and is not the very object the second item holds there (the same
     array in every call goes to each worker once, see
-    :class:`~smartexec.transport.ObjectCache`). Sizing counts a numpy
+    :class:`~smartexec._object_cache.ObjectCache`). Sizing counts a numpy
     array's bytes without copying them; an argument that cannot be pickled
     answers False (sending it will raise the clear error).
 

@@ -156,7 +156,7 @@ class OwnCalls(list):  # type: ignore[type-arg]
 
     A chunk travels as one pickle, which keeps one object passed to several
     of its calls one object there (a repeated big argument is even sent
-    once, :class:`~smartexec.transport.ObjectCache`). That is free, and
+    once, :class:`~smartexec._object_cache.ObjectCache`). That is free, and
     right, for a callable that only reads its arguments; for one that
     writes into them (``effects`` of kind ``"argument"``) each call gets a
     copy, as a ``ProcessPoolExecutor`` pickling each call alone gives it.

@@ -16,7 +16,7 @@ process group killed with its resource tracker, a crash): there is no name
 anywhere to sweep.
 
 * A request's buffers (the parent writes, a worker reads) live while the
-  parent keeps their descriptors: until the chunk's :class:`~smartexec.transport.Lease`
+  parent keeps their descriptors: until the chunk's :class:`~smartexec._object_cache.Lease`
   is released (its future is done), or a cached object is let go.
 * A reply's buffers (a worker writes, the parent reads) are made with an
   acknowledgement byte after the data, which :func:`attach` sets once the

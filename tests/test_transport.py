@@ -17,13 +17,13 @@ import warnings
 import numpy as np
 import pytest
 
-from smartexec import SmartExecutor, _shm, transport
+from smartexec import SmartExecutor, _object_cache, _shm, _wire, transport
 from smartexec._remote import ChunkResult
 
 pytestmark = pytest.mark.timeout(60)  # one test forks a child
 
 MiB = 1 << 20
-BIG = transport.BIG_BUFFER_BYTES
+BIG = _wire.BIG_BUFFER_BYTES
 
 
 def ours() -> set[str]:
@@ -248,7 +248,7 @@ def test_full_shared_memory_falls_back_to_the_pipe(monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_shm, "create", full)
-    monkeypatch.setattr(transport, "_full_warned", False)
+    monkeypatch.setattr(_wire, "_full_warned", False)
     array = np.ones(BIG // 8 + 1)
     with pytest.warns(ResourceWarning, match="shm-size"):
         data, lease = request(add, [((array,), {})])
@@ -258,8 +258,8 @@ def test_full_shared_memory_falls_back_to_the_pipe(monkeypatch):
 
 def test_estimate_counts_big_buffers_without_pickling_them():
     array = np.ones(64 * MiB // 8)
-    seconds = transport.estimate_send_s(array)
-    assert seconds >= array.nbytes * transport.SHM_WRITE_S_PER_BYTE
+    seconds = _wire.estimate_send_s(array)
+    assert seconds >= array.nbytes * _wire.SHM_WRITE_S_PER_BYTE
 
 
 # -- objects sent once ------------------------------------------------------------
@@ -280,11 +280,11 @@ class Model:
 
 
 def test_a_cached_callable_is_pickled_once_and_carried_by_reference():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     model = Model()
     try:
-        first, lease1 = request(transport.CachedCallable(model.score), [((1,), {})], cache)
-        second, lease2 = request(transport.CachedCallable(model.score), [((2,), {})], cache)
+        first, lease1 = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
+        second, lease2 = request(_object_cache.CachedCallable(model.score), [((2,), {})], cache)
         assert len(first) < 2048 and len(second) < 2048
         assert lease1.segments == [] and len(cache) == 1
         Model.unpickled = 0
@@ -296,14 +296,14 @@ def test_a_cached_callable_is_pickled_once_and_carried_by_reference():
         lease2.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
     assert ours() == set()
 
 
 def test_cache_is_freed_when_the_object_dies_but_not_under_a_chunk():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     model = Model()
-    _, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+    _, lease = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
     segments = ours()
     assert segments
     del model
@@ -316,40 +316,40 @@ def test_cache_is_freed_when_the_object_dies_but_not_under_a_chunk():
 
 
 def test_workers_drop_entries_the_parent_let_go():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     model = Model()
-    data, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+    data, lease = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
     transport.loads_request(data)
-    assert len(transport._OBJECTS) == 1
+    assert len(_object_cache._OBJECTS) == 1
     lease.release()
     del model
     gc.collect()
     later, lease = request(add, [((1,), {})], cache)
     transport.loads_request(later)  # carries the live entries: none
-    assert transport._OBJECTS == {}
+    assert _object_cache._OBJECTS == {}
     lease.release()
     cache.close()
 
 
 def test_refresh_sends_the_current_state():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     model = Model()
     try:
-        _, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        _, lease = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
         lease.release()
         assert cache.refresh(model.score) and not cache.refresh(model.score)
         model.weights = model.weights * 2
-        data, lease = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        data, lease = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
         assert transport.loads_request(data)[0](1) == 2.0
         lease.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
     assert ours() == set()
 
 
 def test_an_argument_repeated_in_many_calls_is_cached():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     table = {"rows": list(range(300_000))}  # ~1.5 MB of pickle, no buffers
     try:
         calls = [((table, i), {}) for i in range(10)]
@@ -361,18 +361,18 @@ def test_an_argument_repeated_in_many_calls_is_cached():
         lease.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
     assert ours() == set()
 
 
 def test_distinct_arguments_are_not_cached():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     arrays = [np.ones(BIG // 8 + 1) for _ in range(4)]
     data, lease = request(add, [((a,), {}) for a in arrays], cache)
     assert len(cache) == 0 and len(lease.segments) == 4
     lease.release()
     # a second pass long after the first is no repeat either
-    for _ in range(transport.RECENT_CALLS):
+    for _ in range(_object_cache.RECENT_CALLS):
         lease = request(add, [((1,), {})], cache)[1]
         lease.release()
     data, lease = request(add, [((a,), {}) for a in arrays], cache)
@@ -382,7 +382,7 @@ def test_distinct_arguments_are_not_cached():
 
 
 def test_a_cached_array_gives_each_task_its_own_view():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     array = np.zeros(BIG // 8 + 1)
     try:
         data, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
@@ -400,12 +400,12 @@ def test_a_cached_array_gives_each_task_its_own_view():
 
 
 def test_strongly_held_entries_are_bounded():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     leases = []
-    for _ in range(transport.MAX_STRONG_ENTRIES + 3):
+    for _ in range(_object_cache.MAX_STRONG_ENTRIES + 3):
         big = list(range(300_000))  # a list cannot be weakly referenced: held strongly
         leases.append(request(add, [((big,), {}), ((big,), {})], cache)[1])
-    assert len(cache) == transport.MAX_STRONG_ENTRIES
+    assert len(cache) == _object_cache.MAX_STRONG_ENTRIES
     for lease in leases:
         lease.release()
     cache.close()
@@ -413,16 +413,16 @@ def test_strongly_held_entries_are_bounded():
 
 
 def test_a_partial_is_cached_as_a_whole():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     fn = functools.partial(add, np.ones(BIG // 8 + 1))
     try:
-        data, lease = request(transport.CachedCallable(fn), [((1,), {})], cache)
+        data, lease = request(_object_cache.CachedCallable(fn), [((1,), {})], cache)
         assert len(data) < 2048
         assert transport.loads_request(data)[0](1)[0] == 2.0
         lease.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
 
 
 def test_no_warning_is_left_by_the_tracker_registration():
@@ -436,7 +436,7 @@ def test_small_items_are_timed_as_a_chunk_pickles_them():
     # One pickler per item charged its set-up to every item (~5 us against
     # ~0.2 us in a chunk): maps of 5 us items that a process pool wins stayed inline.
     from smartexec._inputs import measure_pickling
-    from smartexec.transport import estimate_send_s
+    from smartexec._wire import estimate_send_s
     from smartexec.tuning import Estimate
 
     args = [(i,) for i in range(64)]
@@ -455,7 +455,7 @@ def test_a_big_argument_every_item_shares_is_priced_once_per_chunk():
     # per chunk: priced 7 ms an item, such maps ran as a loop that a process
     # pool's big chunks beat.
     from smartexec._inputs import measure_pickling
-    from smartexec.transport import SHM_WRITE_S_PER_BYTE
+    from smartexec._wire import SHM_WRITE_S_PER_BYTE
     from smartexec.tuning import Estimate
 
     if not _shm.available():
@@ -518,7 +518,7 @@ def test_digest_follows_the_state_not_the_identity():
 
 
 def test_a_changed_argument_is_sent_again_and_an_unchanged_one_reused():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     array = np.zeros(BIG // 8 + 1)
     try:
         _, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
@@ -537,7 +537,7 @@ def test_a_changed_argument_is_sent_again_and_an_unchanged_one_reused():
 
 
 def test_proofs_map_what_was_sent_once_and_unmap_it_with_the_entry():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     array = np.zeros(BIG // 8 + 1)
     try:
         _, lease = request(add, [((array, 1), {}), ((array, 2), {})], cache)
@@ -560,7 +560,7 @@ def test_proofs_map_what_was_sent_once_and_unmap_it_with_the_entry():
 
 
 def test_an_argument_is_unpickled_afresh_for_each_request():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     rows = list(range(300_000))
     try:
         data, lease = request(add, [((rows, 1), {}), ((rows, 2), {})], cache)
@@ -571,27 +571,27 @@ def test_an_argument_is_unpickled_afresh_for_each_request():
         lease.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
     assert ours() == set()
 
 
 def test_a_cached_callable_is_proven_once_per_map_and_resent_when_changed():
-    cache = transport.ObjectCache()
+    cache = _object_cache.ObjectCache()
     model = Model()
     try:
-        one_map = transport.CachedCallable(model.score)
+        one_map = _object_cache.CachedCallable(model.score)
         data, lease = request(one_map, [((1,), {})], cache)
         model.weights[1] = 3.0  # while that map runs: its later chunks keep its snapshot
         later, lease2 = request(one_map, [((1,), {})], cache)
         assert transport.loads_request(later)[0](1) == 1.0
-        data, lease3 = request(transport.CachedCallable(model.score), [((1,), {})], cache)
+        data, lease3 = request(_object_cache.CachedCallable(model.score), [((1,), {})], cache)
         assert transport.loads_request(data)[0](1) == 3.0  # the next call: sent again
         assert len(cache) == 1
         for held in (lease, lease2, lease3):
             held.release()
     finally:
         cache.close()
-        transport._OBJECTS.clear()
+        _object_cache._OBJECTS.clear()
     assert ours() == set()
 
 
@@ -828,7 +828,7 @@ def test_a_mapping_holds_no_file_descriptor(mode):
         arrays[0][0] = 7.0  # shared: every shared mapping sees it
         assert arrays[2][0] == 7.0 and arrays[1][0] == 5.0
         del arrays
-        transport._release_views(views)  # a mapping closes, as the cache's do
+        _object_cache._release_views(views)  # a mapping closes, as the cache's do
     finally:
         _shm.unlink(name)
 

@@ -42,7 +42,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from .. import _initializer, transport
+from .. import _initializer, _object_cache, transport
 from .._blas import thread_env, threads_per_worker
 from .._diagnose import (
     detach_traceback,
@@ -172,7 +172,7 @@ class LokyBackend(Backend):
     """Runs chunks on a ``loky.ProcessPoolExecutor`` owned by this backend.
 
     A callable prepared with ``share=True`` is sent once to each worker and
-    cached there (:class:`smartexec.transport.ObjectCache`), as is an argument
+    cached there (:class:`smartexec._object_cache.ObjectCache`), as is an argument
     object seen again within a few calls; big numpy buffers travel through
     shared memory. loky holds at most ``max_workers`` chunks at a time; the
     others wait, cancellable, in this backend's queue.
@@ -228,7 +228,7 @@ class LokyBackend(Backend):
         self._in_loky: set[_ReplyFuture] = set()
         self._closed = False
         self._stop_when_drained = False  # shutdown(wait=False) came with chunks queued
-        self._cache = transport.ObjectCache()
+        self._cache = _object_cache.ObjectCache()
         self._sender = Sender(self.name)
 
     def _new_pool(self) -> Any:
@@ -257,10 +257,10 @@ class LokyBackend(Backend):
 
         One marker per ``map`` or ``submit``: its first chunk reuses the
         workers' cached copy only once it is proven byte for byte unchanged
-        (:meth:`smartexec.transport.ObjectCache.callable_ref`), else sends
+        (:meth:`smartexec._object_cache.ObjectCache.callable_ref`), else sends
         the state again; the map's later chunks use that same copy.
         """
-        return transport.CachedCallable(fn) if share else fn
+        return _object_cache.CachedCallable(fn) if share else fn
 
     def refresh(self, fn: Any) -> bool:
         """Make the next chunks of ``fn`` send its state as it is now.
@@ -286,7 +286,7 @@ class LokyBackend(Backend):
         Raises:
             RuntimeError: after :meth:`shutdown`.
         """
-        user_fn = fn.fn if isinstance(fn, transport.CachedCallable) else fn
+        user_fn = fn.fn if isinstance(fn, _object_cache.CachedCallable) else fn
         calls = copy_calls(chunk)  # an OwnCalls chunk stays one
         future = _ReplyFuture(callable_name(user_fn))
         with self._lock:

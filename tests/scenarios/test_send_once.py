@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from smartexec import SmartExecutor, _shm, transport
+from smartexec import SmartExecutor, _object_cache, _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +46,7 @@ class Model:
 
 
 def cached_here(_=None):
-    return len(transport._OBJECTS)
+    return len(_object_cache._OBJECTS)
 
 
 def pid(_=None):

@@ -431,11 +431,13 @@ def test_ctrl_c_while_a_chunk_is_queued_leaves_nothing(backend, monkeypatch):
     to its future waits until the chunk is queued: it runs, and its segments
     go when it is done, not at the interpreter's exit.
     """
-    from smartexec import transport
+    from smartexec import _object_cache
     from smartexec.backends import fork, loky
 
     monkeypatch.setattr(
-        transport.Lease, "release_when_done", interrupt_after(transport.Lease.release_when_done)
+        _object_cache.Lease,
+        "release_when_done",
+        interrupt_after(_object_cache.Lease.release_when_done),
     )
     kind = fork.ForkBackend if backend == "fork" else loky.LokyBackend
     pool = kind(1, 2)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ... import _fingerprint, _initializer, trampoline, transport
+from ... import _fingerprint, _initializer, _object_cache, trampoline, transport
 from ..._blas import (
     threads_per_worker,
 )
@@ -143,7 +143,7 @@ class ForkBackend(Backend):
         self._pool: _ForkPool | None = None
         self._retired: list[_ForkPool] = []
         self._closed = False
-        self._cache = transport.ObjectCache()  # big arguments seen twice: sent once
+        self._cache = _object_cache.ObjectCache()  # big arguments seen twice: sent once
         #: Orders calls and forks: a pool born after a call's epoch forked
         #: after that call, so its snapshot is at least as new as the call.
         self._epochs = itertools.count(1)
