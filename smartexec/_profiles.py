@@ -79,23 +79,32 @@ import json
 import logging
 import math
 import os
-import platform
-import re
-import stat
-import sys
-import sysconfig
 import threading
 import time
-import types
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._system import current_platform
+from ._profile_key import FORMAT_VERSION, profile_key
+from ._store_files import (
+    _DIR_FLAGS,
+    _O_CLOEXEC,
+    _O_DIRECTORY,
+    _O_NOFOLLOW,
+    _O_NONBLOCK,
+    _TMP_PREFIX,
+    _WRITE_FLAGS,
+    MAX_FILE_BYTES,
+    _not_own_file,
+    _read,
+    _store_files,
+    _unlink,
+    _untrusted_dir,
+    refusal,
+)
 from .gil import GilProfile
-from .inspection import attribute, format_seconds
+from .inspection import format_seconds
 
 __all__ = [
     "StoredProfile",
@@ -118,8 +127,6 @@ __all__ = [
 
 LOGGER = logging.getLogger(__name__)
 
-#: The version of the files' layout; a file of another version is ignored.
-FORMAT_VERSION = 1
 
 #: This process's token in the profiles it saves (:attr:`StoredProfile.run`).
 _RUN_ID = os.urandom(8).hex()
@@ -138,20 +145,7 @@ CACHE_DIR_ENV = "SMARTEXEC_CACHE_DIR"
 
 _OFF = frozenset({"0", "false", "no", "off"})
 _KINDS = ("waits", "releases", "holds")
-#: The most bytes a profile file may hold: a bigger one is ignored (a profile is ~1 KiB).
-MAX_FILE_BYTES = 64 * 1024
 
-_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
-#: The store's token in the names of its temporary files: other ``.tmp-*`` files are not its.
-_TMP_PREFIX = ".tmp-smartexec-"
-_TMP_NAME = re.compile(r"^\.tmp-smartexec-[0-9a-f]{16}\.json$")
-_O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
-_O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
-_O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
-_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC
 #: Whether this platform has what the store needs to open its files safely
 #: (POSIX); without it the store is off.
 _SAFE_CALLS = (
@@ -211,169 +205,6 @@ class StoredProfile:
 
 
 # -- the key ---------------------------------------------------------------------
-
-
-def _const_digest(value: Any) -> bytes:
-    """A digest of one code constant, stable across interpreters of one Python."""
-    h = hashlib.sha256()
-    if isinstance(value, types.CodeType):
-        h.update(b"code:" + _code_digest(value))
-    elif isinstance(value, tuple):
-        h.update(b"tuple:%d:" % len(value))
-        for item in value:
-            h.update(_const_digest(item))
-    elif isinstance(value, frozenset):
-        # Iteration order of a set of strings follows the per-process hash seed.
-        h.update(b"frozenset:")
-        for digest in sorted(_const_digest(item) for item in value):
-            h.update(digest)
-    else:
-        h.update(f"{type(value).__qualname__}:{value!r}".encode("utf-8", "backslashreplace"))
-    return h.digest()
-
-
-def _code_digest(code: types.CodeType) -> bytes:
-    """A digest of what a code object does: bytecode, constants (nested code too), names."""
-    h = hashlib.sha256()
-    h.update(code.co_code)  # deoptimised bytes: the same before and after the code ran
-    h.update(b"\0names:" + "\0".join(code.co_names).encode("utf-8", "backslashreplace"))
-    for const in code.co_consts:
-        h.update(_const_digest(const))
-    return h.digest()
-
-
-#: Code digests by ``id()`` of their code object, with a weak reference that
-#: proves the id was not reused (code objects live as long as their functions).
-_digests: dict[int, tuple[weakref.ref[types.CodeType], str]] = {}
-
-
-def _cached_code_digest(code: types.CodeType) -> str:
-    known = _digests.get(id(code))
-    if known is not None and known[0]() is code:
-        return known[1]
-    digest = _code_digest(code).hex()[:32]
-    if len(_digests) >= _VIEW_SIZE:
-        _digests.clear()
-    _digests[id(code)] = (weakref.ref(code), digest)  # dict calls are atomic: no lock
-    return digest
-
-
-def _function_part(fn: types.FunctionType) -> str:
-    # Not the file name: a notebook's cells compile to a file named after the
-    # kernel's pid (/tmp/ipykernel_<pid>/...), new at every start.
-    return f"function {fn.__module__}:{fn.__qualname__} code={_cached_code_digest(fn.__code__)}"
-
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _what(fn: Any, depth: int = 0) -> str | None:
-    """The part of the key that names the callable itself, or None."""
-    if depth > 8:  # a chain of wrappers or partials that long is no stable thing
-        return None
-    if isinstance(fn, types.FunctionType):
-        part = _function_part(fn)
-        # A decorator's wrapper has one code for every function it wraps:
-        # the wrapped function's code tells them apart (functools.wraps).
-        wrapped = fn.__dict__.get("__wrapped__")
-        if wrapped is None:
-            return part
-        inner = _what(wrapped, depth + 1)
-        return None if inner is None else f"{part} wrapping {inner}"
-    if isinstance(fn, types.MethodType):
-        owner = fn.__self__
-        inner = _what(fn.__func__, depth + 1)
-        if inner is None:
-            return None
-        cls = owner if isinstance(owner, type) else type(owner)
-        return f"method of {_class_name(cls)}: {inner}"
-    if isinstance(fn, functools.partial):
-        inner = _what(fn.func, depth + 1)
-        if inner is None:
-            return None
-        args = ",".join(_class_name(type(a)) for a in fn.args)
-        kwargs = ",".join(f"{k}={_class_name(type(v))}" for k, v in sorted(fn.keywords.items()))
-        return f"partial({args};{kwargs}) of {inner}"
-    if isinstance(fn, types.BuiltinFunctionType):
-        owner = fn.__self__
-        if owner is None or isinstance(owner, types.ModuleType):
-            module = fn.__module__ or getattr(owner, "__name__", None)
-            return None if module is None else f"builtin {module}:{fn.__qualname__}"
-        cls = owner if isinstance(owner, type) else type(owner)
-        return f"builtin method of {_class_name(cls)}: {fn.__name__}"
-    if isinstance(
-        fn,
-        (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType),
-    ):
-        return f"descriptor of {_class_name(fn.__objclass__)}: {fn.__name__}"
-    if isinstance(fn, types.MethodWrapperType):
-        return f"method wrapper of {_class_name(type(fn.__self__))}: {fn.__name__}"
-    if isinstance(fn, type):
-        parts = [f"class {_class_name(fn)}"]
-        for name in ("__new__", "__init__"):
-            method = fn.__dict__.get(name)
-            if isinstance(method, staticmethod):
-                method = method.__func__
-            if isinstance(method, types.FunctionType):
-                parts.append(f"{name}: {_function_part(method)}")
-        return " ".join(parts)
-    cls = type(fn)
-    call = next((c.__dict__["__call__"] for c in cls.__mro__ if "__call__" in c.__dict__), None)
-    if isinstance(call, types.FunctionType):
-        return f"instance of {_class_name(cls)}: {_function_part(call)}"
-    # A C-level callable object: stable only when it is a named thing (a
-    # numpy ufunc, a Cython function), not one built from arguments
-    # (operator.itemgetter(1)).
-    label: Any = attribute(fn, "__qualname__") or attribute(fn, "__name__")
-    home: Any = attribute(fn, "__module__") or cls.__module__
-    if not isinstance(label, str) or not isinstance(home, str):
-        return None
-    return f"named {_class_name(cls)}: {home}:{label}"
-
-
-@functools.lru_cache(maxsize=1)
-def _python() -> str:
-    # sys.abiflags names a free-threaded build ("t") where it exists (POSIX);
-    # sysconfig costs ~3 ms to load its build data, on the first map's path.
-    flags = getattr(sys, "abiflags", None)
-    if flags is None:
-        flags = "t" if sysconfig.get_config_var("Py_GIL_DISABLED") else ""
-    threaded = "t" if "t" in flags else ""
-    gil = "" if current_platform().gil_enabled else " gil=off"
-    major, minor = sys.version_info[:2]
-    return f"{sys.implementation.name}-{major}.{minor}{threaded}{gil}"
-
-
-@functools.lru_cache(maxsize=1)
-def _machine() -> str:
-    return f"{platform.machine()} cpus={current_platform().cpu_count} node={platform.node()}"
-
-
-def profile_key(fn: Callable[..., Any]) -> str | None:
-    """Return what identifies ``fn`` as "the same callable" in a later run.
-
-    A readable string: the callable's kind, module and qualified name, a
-    hash of its code (for a bound method its function's code and its class;
-    for a ``functools.partial`` its function's key and the types of its bound
-    arguments; for a callable object its class's ``__call__``; a builtin by
-    module and name), then the Python and the machine. Lambdas and closures
-    are told apart by their code's hash.
-
-    Args:
-        fn: any callable.
-
-    Returns:
-        The key, or None when ``fn`` has no key stable across runs (a C-level
-        callable object made from arguments, such as ``operator.itemgetter(1)``).
-    """
-    try:
-        what = _what(fn)
-    except Exception:  # an odd object's attributes: no key, never an error
-        return None
-    if what is None:
-        return None
-    return f"v{FORMAT_VERSION} | {what} | {_python()} | {_machine()}"
 
 
 # -- the store -------------------------------------------------------------------
@@ -453,50 +284,6 @@ if hasattr(os, "register_at_fork"):
 # -- what the store trusts ------------------------------------------------------------
 
 
-def _untrusted_dir(st: os.stat_result) -> str | None:
-    """Why the store does not trust a directory with this ``stat``, or None when it does."""
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a directory"
-    uid = os.geteuid()
-    if st.st_uid != uid:
-        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _not_own_file(st: os.stat_result) -> str | None:
-    """Why a file with this ``stat`` is not one the store may have made, or None."""
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}"
-    return None
-
-
-def refusal(directory: Path) -> str | None:
-    """Return why the store will not use ``directory``, or None when it would.
-
-    The store uses a directory that belongs to this user (:func:`os.geteuid`)
-    and that group and others cannot write; one that does not exist yet is
-    made so at the first save. Never raises.
-
-    Args:
-        directory: a directory, usually :func:`cache_dir`'s.
-
-    Returns:
-        A phrase such as ``"owned by uid 1001, not by this user (uid 1000)"``
-        or ``"writable by group or others (mode 777)"``; None when the store
-        would use it or it does not exist yet.
-    """
-    try:
-        return _untrusted_dir(os.stat(directory))
-    except FileNotFoundError:
-        return None
-    except Exception as exc:
-        return f"cannot use it: {exc}"
-
-
 def _warn_once(where: str, reason: str) -> None:
     with _lock:
         first = where not in _warned
@@ -534,40 +321,6 @@ def _opened(where: str) -> Iterator[int | None]:
         os.close(fd)
 
 
-def _read(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of the file ``name`` in ``dir_fd``, or None when the store may not trust it.
-
-    Only a regular file (the open neither follows a symlink nor waits on a
-    FIFO), of this user, not writable by group or others and of at most
-    :data:`MAX_FILE_BYTES` is read; None when it is absent or anything else.
-    """
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        why = _not_own_file(st)
-        if why is None and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            why = "writable by group or others"
-        if why is None and st.st_size > MAX_FILE_BYTES:
-            why = f"{st.st_size} bytes"
-        chunks: list[bytes] = []
-        size = 0
-        while why is None:
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_FILE_BYTES:
-                why = f"over {MAX_FILE_BYTES} bytes"
-    finally:
-        os.close(fd)
-    LOGGER.debug("smartexec: ignoring %s in the profile store: %s", name, why)
-    return None
-
-
 def _made_by_store(data: bytes | None, name: str) -> bool:
     """Whether ``data``, read from the file ``name``, is a profile this store wrote.
 
@@ -584,32 +337,6 @@ def _made_by_store(data: bytes | None, name: str) -> bool:
     return isinstance(key, str) and _file_name(key) == name
 
 
-def _store_files(dir_fd: int) -> list[tuple[str, str, os.stat_result]]:
-    """The files of ``dir_fd`` whose name and ``stat`` say the store may have made them.
-
-    Each as (kind, name, stat): kind ``"profile"`` (its content is still to
-    be checked: :func:`_is_own`) or ``"tmp"`` (a temporary file with the
-    store's token). Regular files of this user only; a symlink is not one.
-    """
-    found = []
-    with os.scandir(dir_fd) as it:
-        for entry in it:
-            name = entry.name
-            if _NAME.match(name):
-                kind = "profile"
-            elif _TMP_NAME.match(name):
-                kind = "tmp"
-            else:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if _not_own_file(st) is None:
-                found.append((kind, name, st))
-    return found
-
-
 def _is_own(dir_fd: int, kind: str, name: str) -> bool:
     """Whether the file ``name`` of :func:`_store_files`'s ``kind`` is one the store made.
 
@@ -622,14 +349,6 @@ def _is_own(dir_fd: int, kind: str, name: str) -> bool:
     except OSError as exc:
         LOGGER.debug("smartexec: cannot read %s in the profile store: %s", name, exc)
         return False
-
-
-def _unlink(name: str, dir_fd: int) -> bool:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        return False
-    return True
 
 
 # -- the files' content -------------------------------------------------------------
