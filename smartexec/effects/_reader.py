@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import ast
-import builtins
 import dataclasses
 import functools
 import inspect
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._found import MAX_DEPTH, MAX_FUNCTIONS, Effect, Kind, is_declared
+from ._bytecode import read_bytecode
+from ._found import MAX_DEPTH, MAX_FUNCTIONS, Effect, is_declared
 from ._refs import (
     MISSING,
     NOTHING,
@@ -28,7 +28,18 @@ from ._refs import (
     root_ref,
     static_attribute,
 )
-from ._source import FunctionNode, nodes_of, params_of
+from ._scope import Budget, Scope
+from ._source import nodes_of, params_of
+from ._syntax import (
+    _AUG_DUNDERS,
+    _BIN_DUNDERS,
+    _leaves,
+    _no_copy,
+    first_param_of,
+    missing,
+    owner_class,
+    present,
+)
 from ._tables import (
     ELEMENT_METHODS,
     ITER_METHODS,
@@ -49,140 +60,6 @@ from ._tables import (
 )
 
 # --- reading ----------------------------------------------------------------
-
-
-class Budget:
-    def __init__(self) -> None:
-        self.functions = 0
-        self.found: dict[tuple[str, str], Effect] = {}
-        self.trusted: dict[str, None] = {}
-        self.stack: list[types.CodeType] = []
-        self.local_calls: set[int] = set()  # nested functions being read (by node id)
-
-    def add(self, kind: Kind, what: str, where: str) -> None:
-        """Record an effect once; one found in a function it calls names that function."""
-        if len(self.stack) > 1:
-            code = self.stack[-1]
-            what = f"{what} in {getattr(code, 'co_qualname', code.co_name)}()"
-        self.found.setdefault((kind, what), Effect(kind, what, where))
-
-
-class Scope:
-    """One function's names while it is read: what each may refer to."""
-
-    def __init__(
-        self,
-        reader: Reader,
-        fn: types.FunctionType,
-        node: FunctionNode,
-        params: dict[str, Ref],
-        known: dict[str, Any],
-        parent: Scope | None = None,
-    ):
-        self.reader, self.fn, self.node, self.parent = reader, fn, node, parent
-        self.code = fn.__code__
-        self.env: dict[str, Ref] = dict(params)
-        self.known = known  # names whose object is known (a bound method's self)
-        self.globals_declared: set[str] = set()
-        self.nonlocals: set[str] = set()
-        self.locals: set[str] = set(params_of(node))
-        self.returns = NOTHING
-        body = node.body if isinstance(node.body, list) else [node.body]
-        for sub in own_nodes(body):
-            if isinstance(sub, ast.Global):
-                self.globals_declared.update(sub.names)
-            elif isinstance(sub, ast.Nonlocal):
-                self.nonlocals.update(sub.names)
-            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-                self.locals.add(sub.id)
-            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self.locals.add(sub.name)
-            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-                self.locals.update((a.asname or a.name).split(".")[0] for a in sub.names)
-                self.known.update(imported(sub))
-            elif isinstance(sub, ast.ExceptHandler) and sub.name:
-                self.locals.add(sub.name)
-        self.locals -= self.globals_declared | self.nonlocals
-        #: functions and lambdas defined here, by the name they are bound to
-        self.functions: dict[str, FunctionNode] = {}
-        self.cells: dict[str, Any] = {}
-        for name, cell in zip(self.code.co_freevars, fn.__closure__ or ()):
-            try:
-                self.cells[name] = cell.cell_contents
-            except ValueError:
-                self.cells[name] = MISSING
-
-    # -- names and values
-
-    def lookup(self, name: str) -> Ref:
-        if name in self.locals:
-            if name not in self.env and name in self.known:  # a local import
-                return object_ref(self.known[name], f"`{name}`")
-            return self.env.get(name, NOTHING)
-        if self.parent is not None and name not in self.globals_declared:
-            return self.parent.lookup(name)
-        if name in self.cells:
-            value = self.cells[name]
-            if value is MISSING:
-                return root_ref(Root("shared", f"closure variable `{name}`"))
-            return object_ref(value, f"closure variable `{name}`")
-        value = self.global_value(name)
-        if value is MISSING:
-            return NOTHING
-        return object_ref(value, f"module-level `{name}`")
-
-    def global_value(self, name: str) -> Any:
-        if name in self.cells:
-            return self.cells[name]
-        namespace = self.fn.__globals__
-        if name in namespace:
-            return namespace[name]
-        spaces = namespace.get("__builtins__", builtins)
-        spaces = vars(spaces) if isinstance(spaces, types.ModuleType) else spaces
-        return spaces.get(name, MISSING) if isinstance(spaces, dict) else MISSING
-
-    def value(self, expr: ast.expr) -> Any:
-        """The object ``expr`` names, found by dictionary lookups only, or MISSING."""
-        if isinstance(expr, ast.Name):
-            if expr.id in self.known:
-                return self.known[expr.id]
-            if expr.id in self.locals:
-                return MISSING
-            if self.parent is not None and expr.id not in self.globals_declared:
-                return self.parent.value(expr)
-            return self.global_value(expr.id)
-        if isinstance(expr, ast.Attribute):
-            owner = self.value(expr.value)
-            if owner is MISSING:
-                return MISSING
-            return static_attribute(owner, expr.attr)
-        return MISSING
-
-    def local_function(self, name: str) -> FunctionNode | None:
-        """The function or lambda defined in this function (or one around it) that ``name`` calls."""
-        if name in self.functions:
-            return self.functions[name]
-        if name in self.locals or self.parent is None:
-            return None
-        return self.parent.local_function(name)
-
-    def bind(self, name: str, ref: Ref) -> None:
-        if name in self.locals:
-            old = self.env.get(name, NOTHING)
-            self.env[name] = old | ref
-        elif self.parent is not None and name in self.nonlocals:
-            self.parent.bind(name, ref)
-
-
-def own_nodes(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
-    """The nodes of ``body``, not descending into nested functions, lambdas or classes."""
-    stack = list(body)
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
 
 
 class Reader:
@@ -249,7 +126,7 @@ class Reader:
             return NOTHING
         nodes = nodes_of(fn)
         if nodes is None:
-            return self.bytecode(fn)
+            return read_bytecode(self.budget, fn)
         self.budget.functions += 1
         self.budget.stack.append(code)
         try:
@@ -262,40 +139,6 @@ class Reader:
             return result
         finally:
             self.budget.stack.pop()
-
-    def bytecode(self, fn: types.FunctionType) -> Ref:
-        """Read a function whose source is not found: any write into an object is unread."""
-        from dis import get_instructions
-
-        code = fn.__code__
-        for sub in codes(code):
-            for ins in get_instructions(sub):
-                positions = getattr(ins, "positions", None)
-                line = positions.lineno if positions is not None else None
-                where = place(sub, line or sub.co_firstlineno)
-                if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-                    self.budget.add("shared", f"rebinds module-level `{ins.argval}`", where)
-                elif ins.opname == "STORE_DEREF" and ins.argval in sub.co_freevars:
-                    self.budget.add("shared", f"rebinds closure variable `{ins.argval}`", where)
-                elif ins.opname in OBJECT_WRITES or (
-                    ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MUTATING_METHODS
-                ):
-                    self.unread(f"{fn.__qualname__} writes into an object; no source to say which")
-            if any(isinstance(c, tuple) and "out" in c for c in sub.co_consts):
-                self.unread(f"{fn.__qualname__} passes an `out=`; no source to say where")
-        return root_ref(Root("shared", f"what {fn.__qualname__} returns"))
-
-
-OBJECT_WRITES = frozenset(
-    {"STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR", "STORE_SLICE"}
-)
-
-
-def codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from codes(const)
 
 
 class FunctionReader:
@@ -941,107 +784,3 @@ class FunctionReader:
         if fname and module not in ("builtins",):
             reader.budget.trusted.setdefault(f"{module}.{fname}" if module else fname, None)
         return result_ref(callee, call)
-
-
-def owner_class(fn: types.FunctionType) -> type | None:
-    """The class a method is defined in, found from its ``__qualname__`` in its module (or None)."""
-    parts = fn.__qualname__.split(".")
-    if len(parts) < 2 or "<locals>" in parts:
-        return None
-    found: Any = fn.__globals__.get(parts[0])
-    for part in parts[1:-1]:
-        found = vars(found).get(part) if isinstance(found, type) else None
-    return found if isinstance(found, type) else None
-
-
-def first_param_of(node: FunctionNode) -> str:
-    """The name of ``node``'s first positional parameter (``self``), or ""."""
-    positional = [*node.args.posonlyargs, *node.args.args]
-    return positional[0].arg if positional else ""
-
-
-_OPERATORS: dict[type, str] = {
-    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.MatMult: "matmul",
-    ast.Div: "truediv", ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.Pow: "pow",
-    ast.LShift: "lshift", ast.RShift: "rshift", ast.BitOr: "or", ast.BitXor: "xor",
-    ast.BitAnd: "and",
-}  # fmt: skip
-#: ``a + b`` calls ``__add__`` (then ``__radd__``): the name between the underscores.
-_BIN_DUNDERS: dict[type, str] = _OPERATORS
-#: ``a += b`` calls ``__iadd__`` (else ``__add__``).
-_AUG_DUNDERS: dict[type, tuple[str, ...]] = {
-    op: (f"__i{name}__", f"__{name}__") for op, name in _OPERATORS.items()
-}
-
-
-def _leaves(body: list[ast.stmt]) -> bool:
-    """Whether ``body`` always ends the function or loop (its last statement returns, raises, ...)."""
-    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
-
-
-def present(test: ast.expr) -> set[str]:
-    """The targets ``test`` finds present: ``k in X``, ``X is not None``, ``X`` (the mirror of :func:`missing`)."""
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        op, left, right = test.ops[0], test.left, test.comparators[0]
-        if isinstance(op, ast.In):
-            return {ast.unparse(ast.Subscript(right, left))}
-        if isinstance(op, ast.IsNot) and isinstance(right, ast.Constant) and right.value is None:
-            return {ast.unparse(left)}
-        return set()
-    if isinstance(test, (ast.Name, ast.Attribute, ast.Subscript)):
-        return {ast.unparse(test)}
-    return set()
-
-
-def missing(test: ast.expr) -> set[str]:
-    """The targets ``test`` finds missing: ``X is None``, ``not X``, ``k not in X``, ``X.get(k) is None``.
-
-    Returned as source text (``"_X"``, ``"_CACHE[key]"``); either side of an
-    ``or`` counts.
-    """
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
-        # A fill only when every way into the branch finds it missing:
-        # `_M is None or _M[0] != x` also overwrites what is there.
-        found = [missing(v) for v in test.values]
-        return set.intersection(*found) if found else set()
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return {ast.unparse(test.operand)}
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
-        return set()
-    op, left, right = test.ops[0], test.left, test.comparators[0]
-    if isinstance(op, ast.NotIn):
-        return {ast.unparse(ast.Subscript(right, left))}
-    if not (
-        isinstance(op, (ast.Is, ast.Eq)) and isinstance(right, ast.Constant) and right.value is None
-    ):
-        return set()
-    if isinstance(left, ast.Call) and isinstance(left.func, ast.Attribute):
-        if left.func.attr == "get" and len(left.args) == 1:
-            return {ast.unparse(ast.Subscript(left.func.value, left.args[0]))}
-    return {ast.unparse(left)}
-
-
-def imported(node: ast.Import | ast.ImportFrom) -> dict[str, Any]:
-    """The modules (and their attributes) a local ``import`` binds, where already loaded.
-
-    Lookups in ``sys.modules`` only: nothing is imported.
-    """
-    found: dict[str, Any] = {}
-    if isinstance(node, ast.Import):
-        for alias in node.names:
-            name = alias.asname or alias.name.split(".")[0]
-            module = sys.modules.get(alias.name if alias.asname else name)
-            if module is not None:
-                found[name] = module
-    elif node.module and not node.level:
-        module = sys.modules.get(node.module)
-        for alias in node.names if module is not None else ():
-            value = vars(module).get(alias.name, MISSING)
-            if value is not MISSING:
-                found[alias.asname or alias.name] = value
-    return found
-
-
-def _no_copy(call: Call) -> bool:
-    """A ``copy=`` keyword was passed (``copy=False``): the result may be the object itself."""
-    return "copy" in call.keywords

@@ -1,0 +1,134 @@
+"""What a function's syntax tree says by itself: its own nodes, the tests that find a name present or missing, operators' dunder names, what a local import binds."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ._refs import (
+    MISSING,
+    Call,
+)
+from ._source import FunctionNode
+
+__all__ = ["own_nodes", "owner_class", "first_param_of", "present", "missing", "imported"]
+
+
+def own_nodes(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """The nodes of ``body``, not descending into nested functions, lambdas or classes."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def owner_class(fn: types.FunctionType) -> type | None:
+    """The class a method is defined in, found from its ``__qualname__`` in its module (or None)."""
+    parts = fn.__qualname__.split(".")
+    if len(parts) < 2 or "<locals>" in parts:
+        return None
+    found: Any = fn.__globals__.get(parts[0])
+    for part in parts[1:-1]:
+        found = vars(found).get(part) if isinstance(found, type) else None
+    return found if isinstance(found, type) else None
+
+
+def first_param_of(node: FunctionNode) -> str:
+    """The name of ``node``'s first positional parameter (``self``), or ""."""
+    positional = [*node.args.posonlyargs, *node.args.args]
+    return positional[0].arg if positional else ""
+
+
+_OPERATORS: dict[type, str] = {
+    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.MatMult: "matmul",
+    ast.Div: "truediv", ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.Pow: "pow",
+    ast.LShift: "lshift", ast.RShift: "rshift", ast.BitOr: "or", ast.BitXor: "xor",
+    ast.BitAnd: "and",
+}  # fmt: skip
+
+#: ``a + b`` calls ``__add__`` (then ``__radd__``): the name between the underscores.
+_BIN_DUNDERS: dict[type, str] = _OPERATORS
+
+#: ``a += b`` calls ``__iadd__`` (else ``__add__``).
+_AUG_DUNDERS: dict[type, tuple[str, ...]] = {
+    op: (f"__i{name}__", f"__{name}__") for op, name in _OPERATORS.items()
+}
+
+
+def _leaves(body: list[ast.stmt]) -> bool:
+    """Whether ``body`` always ends the function or loop (its last statement returns, raises, ...)."""
+    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
+
+
+def present(test: ast.expr) -> set[str]:
+    """The targets ``test`` finds present: ``k in X``, ``X is not None``, ``X`` (the mirror of :func:`missing`)."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
+        if isinstance(op, ast.In):
+            return {ast.unparse(ast.Subscript(right, left))}
+        if isinstance(op, ast.IsNot) and isinstance(right, ast.Constant) and right.value is None:
+            return {ast.unparse(left)}
+        return set()
+    if isinstance(test, (ast.Name, ast.Attribute, ast.Subscript)):
+        return {ast.unparse(test)}
+    return set()
+
+
+def missing(test: ast.expr) -> set[str]:
+    """The targets ``test`` finds missing: ``X is None``, ``not X``, ``k not in X``, ``X.get(k) is None``.
+
+    Returned as source text (``"_X"``, ``"_CACHE[key]"``); either side of an
+    ``or`` counts.
+    """
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        # A fill only when every way into the branch finds it missing:
+        # `_M is None or _M[0] != x` also overwrites what is there.
+        found = [missing(v) for v in test.values]
+        return set.intersection(*found) if found else set()
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return {ast.unparse(test.operand)}
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return set()
+    op, left, right = test.ops[0], test.left, test.comparators[0]
+    if isinstance(op, ast.NotIn):
+        return {ast.unparse(ast.Subscript(right, left))}
+    if not (
+        isinstance(op, (ast.Is, ast.Eq)) and isinstance(right, ast.Constant) and right.value is None
+    ):
+        return set()
+    if isinstance(left, ast.Call) and isinstance(left.func, ast.Attribute):
+        if left.func.attr == "get" and len(left.args) == 1:
+            return {ast.unparse(ast.Subscript(left.func.value, left.args[0]))}
+    return {ast.unparse(left)}
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> dict[str, Any]:
+    """The modules (and their attributes) a local ``import`` binds, where already loaded.
+
+    Lookups in ``sys.modules`` only: nothing is imported.
+    """
+    found: dict[str, Any] = {}
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            name = alias.asname or alias.name.split(".")[0]
+            module = sys.modules.get(alias.name if alias.asname else name)
+            if module is not None:
+                found[name] = module
+    elif node.module and not node.level:
+        module = sys.modules.get(node.module)
+        for alias in node.names if module is not None else ():
+            value = vars(module).get(alias.name, MISSING)
+            if value is not MISSING:
+                found[alias.asname or alias.name] = value
+    return found
+
+
+def _no_copy(call: Call) -> bool:
+    """A ``copy=`` keyword was passed (``copy=False``): the result may be the object itself."""
+    return "copy" in call.keywords
