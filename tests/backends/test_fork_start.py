@@ -131,13 +131,13 @@ def test_with_a_user_thread_running_the_zygote_forks_the_workers(user_thread):
 def counting_spawns(monkeypatch):
     """Count the workers a pool asks its zygote for; returns the list that grows."""
     asked = []
-    spawn = fork._ForkPool._spawn
+    spawn = fork._forking._Forker.spawn
 
     def counted(self):
         asked.append(1)
         return spawn(self)
 
-    monkeypatch.setattr(fork._ForkPool, "_spawn", counted)
+    monkeypatch.setattr(fork._forking._Forker, "spawn", counted)
     return asked
 
 
@@ -148,7 +148,7 @@ def test_a_new_pool_forks_more_workers_once_chunks_wait_behind_busy_ones(
     # One worker at first (forked here, or by the zygote as it starts); the
     # others once chunks wait while every worker has been busy GROW_BLIND_S.
     if direct:
-        monkeypatch.setattr(fork._pool, "_may_fork_directly", lambda initializer: True)
+        monkeypatch.setattr(fork._forking, "_may_fork_directly", lambda initializer: True)
     else:
         request.getfixturevalue("user_thread")
     asked = counting_spawns(monkeypatch)

@@ -168,7 +168,7 @@ def _blas_table() -> Any | None:
     Built here, in the parent, once for the process (see
     :func:`~smartexec._blas.controller_for_fork`), for every pool, the
     process's first included: the workers forked here directly are capped
-    by inheritance (:meth:`_ForkPool._fork_directly` limits this process's
+    by inheritance (:meth:`_Forker._fork_directly` limits this process's
     pools for the length of their forks), and the zygote's through it, so
     every worker starts capped. A process's first pool once went without
     (importing threadpoolctl and scanning the loaded libraries costs 4-5

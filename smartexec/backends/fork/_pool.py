@@ -7,24 +7,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
-import multiprocessing
-import multiprocessing.connection
 import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from ... import _initializer, _threads, trampoline, transport
-from ..._blas import (
-    thread_env,
-)
+from ... import _initializer, transport
 from ..._diagnose import (
     reply_unpickling_error,
     task_unpickling_error,
@@ -34,27 +28,21 @@ from ...errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from .._base import forced_by, next_ready
 from ._children import (
     STOP_TIMEOUT_S,
-    _as_multiprocessing_child,
-    _blas_table,
     _exit_description,
-    _worker_main,
-    _zygote_main,
 )
+from ._forking import _Forker, reap_directly, reaped
 from ._parts import (
     _JOINED,
     _LIVE_POOLS,
     _OWNER_LOCK,
     _QUIESCE_LOCK,
-    DIRECT_WORKERS,
     GROW_BACKLOG_S,
     GROW_BLIND_S,
     GROW_WORK_S,
     MAX_WAIT_S,
     PAUSE_TIMEOUT_S,
     PRESEND_MAX_BYTES,
-    _may_fork_directly,
     _Poller,
-    _quiesced,
     _Task,
     _Worker,
 )
@@ -94,13 +82,11 @@ class _ForkPool:
         box: _initializer.Breakage | None = None,
         first: _Task | None = None,
     ):
-        self._ctx = multiprocessing.get_context("fork")
         self._initializer_name = (
             _initializer.name_of(initializer) if initializer is not None else ""
         )
         self._max_tasks = max_tasks_per_child
         self._box = box if box is not None else _initializer.Breakage()
-        self._blas_threads = blas_threads
         self._live_objects = live_objects
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -132,8 +118,15 @@ class _ForkPool:
         self.digests: dict[int, bytes] = {}
         objects = live_objects()
         self.covered = frozenset(objects)
-        self._fork_first(objects, initializer, initargs, first)
+        self._forker = _Forker(blas_threads)
+        self._forker.start(objects, (initializer, initargs), first, self)
         del objects
+        self._ctl, self._zygote = self._forker.ctl, self._forker.zygote
+        self._workers = self._forker.workers
+        #: Whether this pool's first worker(s) were forked by this process itself.
+        self.forked_directly = self._forker.forked_directly
+        #: Whether ``first`` went straight to the first worker (else: queue it).
+        self.took_first = self._forker.took_first
         self._max_workers = max(1, max_workers)
         #: Compute seconds and count of the chunks finished here (see _grow).
         self._work_s = 0.0
@@ -147,84 +140,6 @@ class _ForkPool:
         )
         self._thread.start()
         _LIVE_POOLS.add(self)
-
-    def _fork_first(
-        self,
-        objects: Mapping[int, Any],
-        initializer: Callable[..., Any] | None,
-        initargs: tuple[Any, ...],
-        first: _Task | None,
-    ) -> None:
-        """Fork the zygote (and, where safe, the first workers) with ``objects`` in the trampoline table.
-
-        Raises:
-            BaseException: a fork failed (``EAGAIN``): nothing of this pool
-                is left running, and ``first``, if it was handed over, fails.
-        """
-        blas_threads = self._blas_threads
-        # Fork now, in the caller's thread, before this pool's dispatcher
-        # thread exists. When no other thread runs (ours paused), the first
-        # DIRECT_WORKERS are forked here directly, as a hand-written fork
-        # Pool's are: no thread can hold a lock they copy, and the first
-        # chunk does not wait for a zygote to start and fork in turn. The
-        # zygote is forked either way, last: it forks every other worker (all
-        # of them when another thread runs; replacements always), the first
-        # ones as soon as it starts, on pipes it inherits.
-        self._ctl, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._idents = itertools.count()
-        self._workers: list[_Worker] = []
-        #: Whether this pool's first worker(s) were forked by this process itself.
-        self.forked_directly = False
-        #: Whether ``first`` went straight to the first worker (else: queue it).
-        self.took_first = False
-        blas = _blas_table()
-        pending: list[tuple[int, Any, Any]] = []  # (ident, our end, the worker's end)
-        try:
-            with _quiesced(), trampoline.forking(objects), _threads.fork_warning_checked():
-                if _may_fork_directly(initializer):
-                    self.forked_directly = True
-                    self._fork_directly(DIRECT_WORKERS, blas_threads, blas, zygote_end, first)
-                # The zygote forks the others as soon as it starts (prefork).
-                if not self._workers:
-                    pending.append((next(self._idents), *self._ctx.Pipe(duplex=True)))
-                self._zygote = self._ctx.Process(
-                    target=_zygote_main,
-                    args=(
-                        zygote_end,
-                        self._ctl.fileno(),
-                        os.getpid(),
-                        blas_threads,
-                        blas,
-                        initializer,
-                        initargs,
-                        [w.conn.fileno() for w in self._workers]
-                        + [ours.fileno() for _, ours, _ in pending],
-                        [(ident, theirs.fileno()) for ident, _, theirs in pending],
-                        [w.pid for w in self._workers if w.pid is not None],
-                    ),
-                    name="smartexec-fork-zygote",
-                )
-                self._zygote.start()
-        except BaseException as exc:
-            self._reap_directly(self._workers, 0.0)  # a fork failed (EAGAIN): none is left
-            self._ctl.close()
-            zygote_end.close()
-            for _, ours, theirs in pending:
-                ours.close()
-                theirs.close()
-            if first is not None and first.pool is self and first.future.running():
-                first.future.set_exception(exc)  # handed over: nobody else will end it
-            raise
-        # Process.start() in any thread reaps every finished child it knows of
-        # (multiprocessing.process._children); this pool joins its own zygote.
-        _mp_children = getattr(multiprocessing.process, "_children", None)
-        if _mp_children is not None:
-            _mp_children.discard(self._zygote)
-        zygote_end.close()
-        for ident, ours, theirs in pending:
-            theirs.close()  # the zygote holds it now
-            self._workers.append(_Worker(ident, ours))
-        del pending
 
     # -- called from any thread ------------------------------------------------
 
@@ -403,139 +318,6 @@ class _ForkPool:
 
     # -- dispatcher thread ---------------------------------------------------------
 
-    def _fork_directly(
-        self,
-        count: int,
-        blas_threads: int,
-        blas: Any,
-        zygote_end: socket.socket,
-        first: _Task | None = None,
-    ) -> None:
-        """Fork ``count`` workers from this process (the caller's thread, no other running).
-
-        They are capped at ``blas_threads`` BLAS threads by inheritance: the
-        loaded pools are limited here, through ``blas`` (threadpoolctl's
-        table, see :func:`_blas_table`), for the length of the forks
-        (capping in a worker would start its OpenBLAS pool, ~50 ms of
-        spinning CPU). Restoring this process's limits starts its OpenBLAS
-        pool again; the zygote's fork, next, stops it (OpenBLAS shuts its
-        pool down before a fork), as the zygote's fork alone did before.
-        Without ``blas``, each caps its pools itself once it has started
-        them.
-        """
-        limiter = blas.limit(limits=blas_threads) if blas is not None else None
-        try:
-            for _ in range(count):
-                self._workers.append(self._fork_worker(blas_threads, zygote_end, blas is None))
-                if first is not None and not self.took_first:
-                    self.took_first = self._hand_over(self._workers[0], first)
-        finally:
-            if limiter is not None:
-                limiter.restore_original_limits()
-
-    def _fork_worker(self, blas_threads: int, zygote_end: socket.socket, lazy: bool) -> _Worker:
-        """Fork one worker from this process; it is this process's child, reaped here.
-
-        ``lazy``: it caps its BLAS pools itself, once it has started them
-        (``blas_cap`` of :func:`_worker_main`); else they come capped.
-        """
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        siblings = [w.conn for w in self._workers]
-        owner = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                with contextlib.suppress(ValueError):
-                    signal.set_wakeup_fd(-1)  # the caller's (asyncio's) is not ours to write to
-                parent_conn.close()
-                for conn in siblings:
-                    conn.close()
-                self._ctl.close()
-                zygote_end.close()
-                _as_multiprocessing_child()
-                os.environ.update(thread_env(blas_threads))  # libraries loaded later
-                _worker_main(child_conn, owner, owner, blas_cap=blas_threads if lazy else None)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        child_conn.close()
-        worker = _Worker(next(self._idents), parent_conn)
-        worker.pid = pid
-        try:
-            worker.pidfd = os.pidfd_open(pid)
-        except BaseException:
-            worker.kill()
-            os.waitpid(pid, 0)
-            parent_conn.close()
-            raise
-        return worker
-
-    def _hand_over(self, worker: _Worker, task: _Task) -> bool:
-        """Send ``task`` to the idle ``worker`` now, from this thread; False if it must queue."""
-        payload = task.payload
-        if payload is None or len(payload) > PRESEND_MAX_BYTES:
-            return False
-        with _OWNER_LOCK:
-            task.pool = self
-        if not task.future.set_running_or_notify_cancel():
-            return True  # cancelled already: nothing to run (wait() was told)
-        worker.task = task
-        worker.calls += task.items
-        worker.since = time.monotonic()
-        try:
-            worker.conn.send_bytes(payload)
-        except OSError:
-            # It died at once: the dispatcher reaps it, and _bury gives the
-            # chunk (never sent, its request kept) to another worker.
-            worker.lost = True
-            return True
-        task.payload, task.sent = None, True
-        if task.timeout_s is not None:
-            worker.deadline = time.monotonic() + task.timeout_s
-        return True
-
-    def _reaped(self, worker: _Worker, block: bool = False) -> tuple[bool, int | None]:
-        """Reap a worker forked here: (whether it has exited, its exit code or None)."""
-        assert worker.pid is not None
-        try:
-            pid, status = os.waitpid(worker.pid, 0 if block else os.WNOHANG)
-        except ChildProcessError:  # someone else reaped it (os.wait(), SIGCHLD ignored)
-            exitcode = None
-        else:
-            if pid == 0:
-                return False, None
-            exitcode = os.waitstatus_to_exitcode(status)
-        if worker.pidfd is not None:
-            os.close(worker.pidfd)
-            worker.pidfd = None
-        return True, exitcode
-
-    def _reap_directly(self, workers: Sequence[_Worker], grace_s: float) -> None:
-        """Wait up to ``grace_s`` seconds for the workers forked here to exit, kill the rest, reap all."""
-        left = [w for w in workers if w.pidfd is not None]
-        deadline = time.monotonic() + grace_s
-        while left:
-            wait_s = deadline - time.monotonic()
-            if wait_s <= 0:
-                break
-            ready = set(wait_for([w.pidfd for w in left if w.pidfd is not None], wait_s))
-            left = [w for w in left if w.pidfd not in ready or not self._reaped(w)[0]]
-        for worker in left:
-            worker.kill()
-            self._reaped(worker, block=True)
-
-    def _spawn(self) -> _Worker:
-        """Ask the zygote for a worker; its pid arrives later on ``_ctl``."""
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        ident = next(self._idents)
-        try:
-            socket.send_fds(self._ctl, [b"S%d" % ident], [child_conn.fileno()])
-        finally:
-            child_conn.close()
-        return _Worker(ident, parent_conn)
-
     def _read_ctl(self) -> None:
         """Handle the zygote's messages (one at least): workers forked or exited, or a worker's initializer failed.
 
@@ -682,7 +464,7 @@ class _ForkPool:
             for fd, worker in pidfds.items():
                 if fd in ready:
                     # A worker forked here has exited (after its last reply, read above).
-                    exited, exitcode = self._reaped(worker)
+                    exited, exitcode = reaped(worker)
                     if exited:
                         worker.lost = True
                         self._bury(worker, exitcode)
@@ -887,7 +669,7 @@ class _ForkPool:
             # while the caller sent chunks): that worker is free, not busy.
             return None
         for _ in range(min(room, waiting)):
-            worker = self._spawn()
+            worker = self._forker.spawn()
             worker.grown = True
             self._workers.append(worker)
         return None
@@ -955,7 +737,7 @@ class _ForkPool:
                 )
             del task
         if not self._forced and (not self._closing or self._unsent or self._queue):
-            self._workers.append(self._spawn())
+            self._workers.append(self._forker.spawn())
 
     def _stop_workers(self) -> None:
         try:
@@ -987,7 +769,7 @@ class _ForkPool:
             pass
         self._ctl.close()
         direct = [w for w in self._workers if w.pidfd is not None]
-        self._reap_directly(direct, STOP_TIMEOUT_S)  # those forked here
+        reap_directly(direct, STOP_TIMEOUT_S)  # those forked here
         self._zygote.join(2 * STOP_TIMEOUT_S + 1)
         for worker in self._workers:
             if self._zygote.is_alive() and worker not in direct:
