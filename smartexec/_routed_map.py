@@ -631,7 +631,7 @@ def open_stream(
             probe=plan.probe if chunksize is None else None,
             keep_first_error=plan.keep_first_error,
         )
-        ex._to_finish(stream, send_rest=buffersize is None and remaining is not None)
+        ex._open_maps.add(stream, send_rest=buffersize is None and remaining is not None)
         return stream
 
 

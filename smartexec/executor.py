@@ -10,43 +10,36 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
 import functools
-import inspect
-import multiprocessing
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
-from . import _initializer, _profiles
-from ._chunk_stream import ChunkStream
+from . import _initializer, _open_maps, _profiles, _setup
 from ._identity import identity_key
 from ._inputs import common_length
 from ._map_run import MapRun
 from ._map_run import check_task_timeout as _check_task_timeout
-from ._map_run import require_int as _require_int
 from ._mapping import as_generator
-from ._router import Router, takes_timeouts
+from ._open_maps import OpenMaps
+from ._router import Router
 from ._submit_route import SubmitRoute
 from ._system import current_platform, interpreter_exiting
 from .backends._base import Backend
 from .errors import (
-    BackendUnavailableError,
     InitializerError,
 )
 from .inspection import callable_name, payload_size
 from .policy import (
     BIG_STATE_BYTES,
-    PREFER_VALUES,
     Decision,
     Options,
 )
 from .progress import ProgressFactory, progress_factory, track
-from .registry import _accepted_options, create_backend, get_backend_class, known_backends
+from .registry import create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
 
 __all__ = ["SmartExecutor"]
@@ -55,135 +48,6 @@ T = TypeVar("T")
 
 #: Most decisions kept for :meth:`SmartExecutor.decisions`.
 DECISION_LOG_SIZE = 1000
-
-
-def _completes_futures(backends: list[Backend]) -> bool:
-    """Whether the calling thread is one that runs chunks or completes their futures.
-
-    A ``shutdown(wait=True)`` there (from a call on the executor's own
-    threads, or from a future's done-callback, run by a dispatcher thread or
-    loky's manager thread) must not wait for chunks: their results would
-    come through this very thread, and it would wait forever.
-    """
-    thread = threading.current_thread()
-    if thread.name.startswith("smartexec-") or type(thread).__name__ == "_ExecutorManagerThread":
-        return True
-    return any(getattr(backend, "runs_this_thread", bool)() for backend in backends)
-
-
-def _release_backends(backends: dict[str, Backend], streams: weakref.WeakSet[ChunkStream]) -> None:
-    """Shut down the backends of an executor that was dropped, as ``shutdown(wait=False)`` does.
-
-    Its maps over inputs of known length still open (``streams``) send the
-    rest of their input first (see :meth:`SmartExecutor.shutdown`): as with
-    the stdlib, whose ``map`` submits every item when called, their results
-    stay readable.
-    """
-    for stream in list(streams):
-        try:
-            stream.send_rest(budgets=False)
-        except Exception:  # pragma: no cover - best effort during garbage collection
-            pass
-    for backend in list(backends.values()):
-        try:
-            backend.shutdown(wait=False)
-        except Exception:  # pragma: no cover - best effort during garbage collection
-            pass
-
-
-def _options_without_backend(options: dict[str, Any]) -> str:
-    """The message for keyword arguments ``SmartExecutor()`` does not take, with no ``backend=``.
-
-    Says, for each name: the constructor option it is likely a misspelling
-    of, or that it is an argument of ``map()``; then which backends take
-    the rest (``backend="dask"`` takes ``address=``), if any do.
-    """
-    own = [
-        name
-        for name, parameter in inspect.signature(SmartExecutor.__init__).parameters.items()
-        if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
-    ]
-    of_map = ("chunksize", "timeout", "buffersize", "ordered")
-    names = ", ".join(f"{name}=" for name in sorted(options))
-    hints: list[str] = []
-    rest: list[str] = []
-    for name in sorted(options):
-        match = difflib.get_close_matches(name, own, n=1)
-        if name in of_map:
-            hint = f"{name}= is an argument of map(): ex.map(fn, items, {name}=...)"
-            if name == "timeout":
-                hint += "; task_timeout= here limits each task"
-            hints.append(hint)
-        elif match:
-            hints.append(f"did you mean {match[0]}= for {name}=?")
-        else:
-            rest.append(name)
-    takers: dict[str, list[str]] = {}
-    for backend in known_backends() if rest else ():
-        try:
-            accepted = _accepted_options(get_backend_class(backend))
-        except Exception:  # its module cannot be imported here: it takes nothing now
-            continue
-        for name in rest:
-            if accepted is not None and name in accepted:
-                takers.setdefault(name, []).append(backend)
-    for name in rest:
-        if name in takers:
-            backends = " or ".join(f'backend="{b}"' for b in takers[name])
-            hints.append(f"{name}= is an option of {backends}: pass that backend too")
-    unknown = [name for name in rest if name not in takers]
-    if unknown:
-        hints.append(
-            f"Backend options need the backend that takes them, e.g. "
-            f'SmartExecutor(backend="NAME", {unknown[0]}=...) (python -m smartexec '
-            f"backends lists the backends and whether each can be imported here)"
-        )
-    message = f"SmartExecutor() got unexpected keyword argument(s) {names}"
-    return message + (". " + "; ".join(hints) if hints else "")
-
-
-def _check_arguments(
-    *,
-    max_workers: Any,
-    backend: Any,
-    prefer: Any,
-    big_state_bytes: Any,
-    max_retries: Any,
-    allow_inline: Any,
-    backend_options: dict[str, Any],
-) -> None:
-    """Refuse ``SmartExecutor()`` arguments of the wrong type or value, naming the fix.
-
-    Raises:
-        TypeError: a wrong type, or backend options with no ``backend=``.
-        ValueError: a value out of range, or an unknown ``prefer``.
-    """
-    if max_workers is not None:
-        _require_int("max_workers", max_workers, "an int or None")
-        if max_workers <= 0:
-            raise ValueError("max_workers must be greater than 0")
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(
-            f"backend must be a backend name (str) or None, got {backend!r} "
-            f'({type(backend).__qualname__}); e.g. backend="thread"'
-        )
-    _require_int("big_state_bytes", big_state_bytes, "an int (bytes)")
-    if big_state_bytes < 0:
-        raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
-    if prefer is not None and prefer not in PREFER_VALUES:
-        raise ValueError(
-            f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, got {prefer!r}"
-        )
-    if backend_options and backend is None:
-        raise TypeError(_options_without_backend(backend_options))
-    _require_int("max_retries", max_retries, "an int")
-    if max_retries < 0:
-        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-    if not isinstance(allow_inline, bool):
-        raise TypeError(
-            f"allow_inline must be True or False, got {allow_inline!r} "
-            f"({type(allow_inline).__qualname__})"
-        )
 
 
 def check_open(executor: SmartExecutor) -> None:
@@ -197,52 +61,6 @@ def check_open(executor: SmartExecutor) -> None:
         raise RuntimeError("cannot schedule new futures after shutdown")
     if interpreter_exiting():
         raise RuntimeError("cannot schedule new futures after interpreter shutdown")
-
-
-def _start_method(mp_context: Any) -> str | None:
-    """The start method of ``mp_context`` (a multiprocessing context or its name), or None.
-
-    Raises:
-        TypeError: neither None, a context nor a string.
-        ValueError: a start method this platform does not offer.
-    """
-    if mp_context is None:
-        return None
-    if isinstance(mp_context, str):
-        method = mp_context
-    elif callable(getattr(mp_context, "get_start_method", None)):
-        method = mp_context.get_start_method(allow_none=False)
-    else:
-        raise TypeError(
-            f"mp_context must be a multiprocessing context (e.g. "
-            f'multiprocessing.get_context("spawn")), a start method name or None, got '
-            f"{mp_context!r} ({type(mp_context).__qualname__})"
-        )
-    offered = multiprocessing.get_all_start_methods()
-    if method not in offered:
-        raise ValueError(
-            f"mp_context: start method {method!r} is not offered here; this platform "
-            f"offers {', '.join(map(repr, offered))}"
-        )
-    return str(method)
-
-
-def _start_method_note(factory: Callable[..., Backend]) -> str | None:
-    """How ``factory``'s worker processes start, for explain(); None without processes."""
-    method = getattr(factory, "start_method", None)
-    if method == "fork":
-        return (
-            "fork workers (start method: fork, asked for by name whatever multiprocessing's "
-            "default is: forkserver on Linux from Python 3.14)"
-        )
-    if method == "loky":
-        return (
-            "loky workers (start method: loky's own fork+exec, a fresh interpreter as with "
-            "spawn; the callable travels by cloudpickle)"
-        )
-    if method is not None:
-        return f"{getattr(factory, 'name', '')} workers (start method: {method})"
-    return None
 
 
 class SmartExecutor(Executor):
@@ -390,7 +208,7 @@ class SmartExecutor(Executor):
         allow_inline: bool = False,
         **backend_options: Any,
     ):
-        _check_arguments(
+        _setup.check_arguments(
             max_workers=max_workers,
             backend=backend,
             prefer=prefer,
@@ -400,12 +218,15 @@ class SmartExecutor(Executor):
             backend_options=backend_options,
         )
         task_timeout = _check_task_timeout(task_timeout)
-        self._initargs = _initializer.check(initializer, initargs)
+        self._workers_setup = _setup.WorkerSetup(
+            initializer,
+            _initializer.check(initializer, initargs),
+            _initializer.check_max_tasks(max_tasks_per_child),
+        )
         self._initializer = initializer
-        self._max_tasks_per_child = _initializer.check_max_tasks(max_tasks_per_child)
-        start_method = _start_method(mp_context)
-        self._check_worker_options(backend, start_method)
-        self._check_forced_backend(backend, task_timeout)
+        start_method = _setup.start_method(mp_context)
+        self._workers_setup.check(backend, start_method)
+        _setup.check_forced_backend(backend, task_timeout)
         self._platform = current_platform()
         options = Options(
             backend=backend,
@@ -415,8 +236,10 @@ class SmartExecutor(Executor):
             # The stdlib needs a non-fork mp_context for max_tasks_per_child; ours
             # retires fork workers (forked from a single-threaded zygote, not from
             # this process), so with it the fork route stays open (docs/reliability.md).
-            start_method=None if self._max_tasks_per_child is not None else start_method,
-            retires_workers=self._max_tasks_per_child is not None,
+            start_method=None
+            if self._workers_setup.max_tasks_per_child is not None
+            else start_method,
+            retires_workers=self._workers_setup.max_tasks_per_child is not None,
             initializer=initializer is not None,
             allow_inline=allow_inline,
         )
@@ -432,14 +255,9 @@ class SmartExecutor(Executor):
         self._max_workers = max_workers
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
-        #: Maps shutdown(wait=True) finishes (see _to_finish), by id(): the
-        #: stream, and whether the rest of its input is sent too.
-        self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
-        #: Those whose rest is sent if this executor is dropped unshut (see
-        #: _release_backends): held weakly, so that no map keeps it alive.
-        self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
         self._stats = StatsRecorder()
-        self._release_backends_when_dropped()
+        self._open_maps = OpenMaps()  # what shutdown() finishes
+        self._open_maps.release_when_dropped(self, self._backends)
         self._started: set[str] = set()
         # Completed submits' figures (smartexec._submit_learning) move later
         # submits to threads only where the route is the policy's guess.
@@ -449,96 +267,8 @@ class SmartExecutor(Executor):
                 backend,
                 max_workers,
                 self._platform.cpu_count,
-                {**backend_options, **self._worker_options(backend)},
+                {**backend_options, **self._workers_setup.for_backend(backend)},
             )
-
-    def _check_forced_backend(self, backend: str | None, task_timeout: float | None) -> None:
-        """Refuse a ``backend=`` that is unknown, unavailable or cannot honour ``task_timeout``.
-
-        Raises:
-            UnknownBackendError, BackendUnavailableError: see ``_check_available``.
-            ValueError: ``task_timeout`` on a backend that cannot stop a task.
-        """
-        if backend is None:
-            return
-        factory = self._check_available(backend)
-        if task_timeout is not None and not takes_timeouts(factory):
-            raise ValueError(
-                f"backend {backend!r} cannot stop or time out one task, so "
-                f"task_timeout={task_timeout:g} cannot be honoured there; use "
-                f'backend="fork" (stops the task) or backend="thread" (fails the '
-                f"future at the deadline), or leave backend unset"
-            )
-
-    def _release_backends_when_dropped(self) -> None:
-        """Dropped without shutdown(): let the backends go when this object dies.
-
-        As the stdlib executors do (the callback holds no reference to self).
-        Not at interpreter exit (weakref.finalize's default): a fork pool shut
-        down without waiting runs its whole queue out then, and an executor
-        still referenced at exit has its pools stopped instead (fork's exit
-        hook): a forgotten shutdown() held the exit for as long as its queued
-        calls ran, depending on which exit hook ran first.
-        """
-        finalizer = weakref.finalize(self, _release_backends, self._backends, self._rest_if_dropped)
-        finalizer.atexit = False
-
-    def _check_worker_options(self, backend: str | None, start_method: str | None) -> None:
-        """Refuse worker options no backend of this executor could honour.
-
-        Raises:
-            ValueError: ``max_tasks_per_child`` without fork workers, or an
-                ``mp_context`` that contradicts ``backend="fork"``.
-        """
-        no_fork = start_method not in (None, "fork")
-        if backend == "fork" and no_fork:
-            raise ValueError(
-                f'backend="fork" contradicts mp_context with start method {start_method!r}; '
-                f"leave backend unset (process work then goes to loky) or use a fork context"
-            )
-        if self._max_tasks_per_child is None:
-            return
-        if backend is None and not current_platform().has_fork:
-            raise ValueError(
-                "max_tasks_per_child needs fork workers (loky cannot retire one worker "
-                "after a number of tasks), but start method 'fork' is not available "
-                "here; drop max_tasks_per_child"
-            )
-
-    def _worker_options(self, name: str) -> dict[str, Any]:
-        """The worker options set by the user, for backend ``name``'s constructor.
-
-        Raises:
-            TypeError: an initializer is set and the backend cannot run one.
-            ValueError: ``max_tasks_per_child`` is set and the backend runs
-                worker processes it cannot retire.
-        """
-        wanted: dict[str, Any] = {}
-        if self._initializer is not None:
-            wanted["initializer"] = self._initializer
-            wanted["initargs"] = self._initargs
-        if self._max_tasks_per_child is not None:
-            wanted["max_tasks_per_child"] = self._max_tasks_per_child
-        if not wanted:
-            return {}
-        factory = get_backend_class(name)
-        accepted = _accepted_options(factory)
-        if accepted is None:
-            return wanted
-        if "initializer" in wanted and "initializer" not in accepted:
-            raise TypeError(
-                f"backend {name!r} cannot run an initializer= in its workers; use "
-                f'backend="thread", "fork" or "loky", or leave backend unset'
-            )
-        if "max_tasks_per_child" in wanted and "max_tasks_per_child" not in accepted:
-            if not getattr(factory, "shares_memory", False):
-                raise ValueError(
-                    f"backend {name!r} cannot retire a worker after max_tasks_per_child="
-                    f'{self._max_tasks_per_child} tasks; use backend="fork" or leave '
-                    f"backend unset"
-                )
-            del wanted["max_tasks_per_child"]  # threads and inline are no processes
-        return wanted
 
     def _broken_error(self) -> BaseException | None:
         """The error of a backend that can run nothing any more (an initializer failed)."""
@@ -555,17 +285,6 @@ class SmartExecutor(Executor):
         """As the stdlib pools' ``_broken``: False, or why the executor is broken."""
         error = self._broken_error()
         return False if error is None else str(error)
-
-    @staticmethod
-    def _check_available(name: str) -> type[Backend]:
-        factory = get_backend_class(name)
-        reason_of = getattr(factory, "unavailable_reason", None)
-        reason = reason_of() if reason_of is not None else None
-        if reason is not None:
-            raise BackendUnavailableError(
-                f"backend {name!r} cannot run here: {reason}", backend=name
-            )
-        return factory  # type: ignore[return-value]
 
     # -- routing -----------------------------------------------------------------
 
@@ -592,7 +311,10 @@ class SmartExecutor(Executor):
         backend = self._backends.get(name)
         if backend is None:
             backend = self._backends[name] = create_backend(
-                name, self._max_workers, self._platform.cpu_count, self._worker_options(name)
+                name,
+                self._max_workers,
+                self._platform.cpu_count,
+                self._workers_setup.for_backend(name),
             )
         return backend
 
@@ -623,7 +345,7 @@ class SmartExecutor(Executor):
         with self._lock:
             running = self._backends.get(decision.backend)
         notes = list(running.describe(fn)) if running is not None else []
-        started_by = _start_method_note(get_backend_class(decision.backend))
+        started_by = _setup.start_method_note(get_backend_class(decision.backend))
         if started_by is not None:
             notes.insert(0, started_by)
         if estimate.per_item_s is not None:
@@ -640,7 +362,7 @@ class SmartExecutor(Executor):
         if args or kwargs:
             size = payload_size((args, kwargs))
             note = f"one call's arguments pickle to {size}"
-            if self._check_available(decision.backend).shares_memory:
+            if _setup.check_available(decision.backend).shares_memory:
                 note += " (not pickled on this backend)"
             decision = dataclasses.replace(decision, reasons=(*decision.reasons, note))
         return decision
@@ -816,34 +538,6 @@ class SmartExecutor(Executor):
         """Raise as a shut-down or broken stdlib pool's ``submit`` does."""
         check_open(self)
 
-    def _to_finish(self, stream: ChunkStream, send_rest: bool) -> None:
-        """Count ``stream`` among the maps :meth:`shutdown` finishes (hold ``self._lock``).
-
-        Every map's chunks already sent finish whole, re-sent parts
-        included (:meth:`ChunkStream.finish`). With ``send_rest`` (a map over
-        inputs of known length without ``buffersize``) the rest of its input
-        is sent first: the stdlib's reads such an input whole when called,
-        so its every item runs, read or not. One read lazily to its end at
-        shutdown would never end on an endless input, which the stdlib's
-        ``map`` could not take either; with ``buffersize``, 3.14's reads
-        lazily too, and its shutdown finishes only the tasks already sent.
-        """
-        unsent = self._unsent
-        # A copy first: a collected map's finaliser (any allocation may run
-        # one) pops from the dict, which iterating it would not survive.
-        for key, (held, _) in unsent.copy().items():
-            if held.settled:  # nothing left to send or to send again
-                unsent.pop(key, None)
-        key = id(stream)
-        unsent[key] = (stream, send_rest)
-        if send_rest:
-            self._rest_if_dropped.add(stream)
-
-        def finished() -> None:  # holds the dict, not the stream nor self
-            unsent.pop(key, None)
-
-        stream.on_cancel = finished
-
     map.__doc__ = (
         (Executor.map.__doc__ or "")
         + """
@@ -923,37 +617,10 @@ class SmartExecutor(Executor):
         with self._lock:
             parked = self._submits.close(cancel_futures)
             backends = list(self._backends.values())
-            unsent = list(self._unsent.copy().values())  # see _to_finish
-            self._unsent.clear()
+            unsent = self._open_maps.take()
         # Not under self._lock: a moved call's done-callbacks (the user's) may submit.
         self._submits.finish(parked, cancel_futures)
-        streams = [stream for stream, _ in unsent]
-        try:
-            if not cancel_futures:
-                # As the stdlib's map submits every item when called, every
-                # item runs, the results readable after the shutdown, waited
-                # for or not.
-                for stream, send_rest in unsent:
-                    stream.on_cancel = None
-                    if send_rest:
-                        # Not waited for, the rest goes with no time budget:
-                        # the part of a chunk its worker stopped at one could
-                        # be sent again only as the map is read, when the
-                        # backends no longer take chunks.
-                        stream.send_rest(budgets=wait)
-            if wait and not cancel_futures:
-                # The rest of a chunk stopped at its time budget, and a dead
-                # worker's items, are sent again only as a map is read: here,
-                # while the backends still take them.
-                if not _completes_futures(backends):
-                    for stream in streams:
-                        stream.finish()
-        except BaseException:  # Ctrl-C while waiting: stop those maps' chunks
-            for stream in streams:
-                stream.abort()
-            for backend in backends:
-                backend.shutdown(wait=False, cancel_futures=True)
-            raise
+        _open_maps.finish(unsent, backends, wait=wait, cancel_futures=cancel_futures)
         for backend in backends:
             backend.shutdown(wait=wait, cancel_futures=cancel_futures)
         # The profiles its maps measured, kept in memory meanwhile: written

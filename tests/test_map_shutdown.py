@@ -164,13 +164,13 @@ def test_a_finished_map_is_not_held_by_the_executor():
     with SmartExecutor(2, backend="fork") as ex:
         results = ex.map(square, range(100))
         assert list(results) == [x * x for x in range(100)]
-        assert not ex._unsent
+        assert not ex._open_maps
         gen = ex.map(square, range(100))
         next(gen)
         probe = weakref.ref(gen)
         del gen
         gc.collect()
-        assert probe() is None and not ex._unsent  # closed by its collection
+        assert probe() is None and not ex._open_maps  # closed by its collection
 
 
 def spin_then_touch(folder, i, seconds):
