@@ -41,6 +41,7 @@ from .policy import (
 from .progress import ProgressFactory, progress_factory, track
 from .registry import create_backend, get_backend_class
 from .stats import ExecutorStats, StatsRecorder
+from .tuning import Estimate
 
 __all__ = ["SmartExecutor"]
 
@@ -344,28 +345,7 @@ class SmartExecutor(Executor):
             decision = learned
         with self._lock:
             running = self._backends.get(decision.backend)
-        notes = list(running.describe(fn)) if running is not None else []
-        started_by = _setup.start_method_note(get_backend_class(decision.backend))
-        if started_by is not None:
-            notes.insert(0, started_by)
-        if estimate.per_item_s is not None:
-            # Every item measured, all maps' (a map's line gives its first chunks' mean)
-            notes.append(f"per item, over every item measured: {estimate}")
-        last = estimate.last_map
-        if last is not None:
-            if f"its last map: {last.reasons[0]}" in decision.reasons:
-                notes.append(f"its last map ran on {last.backend}")  # its figures are above
-            else:
-                notes.append(f"its last map ran on {last.backend}: {last.reasons[0]}")
-        if notes:
-            decision = dataclasses.replace(decision, reasons=(*decision.reasons, *notes))
-        if args or kwargs:
-            size = payload_size((args, kwargs))
-            note = f"one call's arguments pickle to {size}"
-            if _setup.check_available(decision.backend).shares_memory:
-                note += " (not pickled on this backend)"
-            decision = dataclasses.replace(decision, reasons=(*decision.reasons, note))
-        return decision
+        return _explained(decision, estimate, running, fn, (args, kwargs))
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
         """Drop every copy of a shared callable's object kept for ``fn``'s workers.
@@ -541,71 +521,19 @@ class SmartExecutor(Executor):
     map.__doc__ = (
         (Executor.map.__doc__ or "")
         + """
-        smartexec adds:
-
-        * the input is read lazily: ``buffersize`` chunks are sent at once
-          (default ``2 * workers + 2``), and each result the caller asks for
-          sends one more before the wait, so ``map`` over an endless
-          generator streams in flat memory. That is Python 3.14's
-          ``buffersize``, counted in chunks as ``ProcessPoolExecutor``
-          counts them (a chunk is one item with ``chunksize=1``); its
-          errors are 3.14's too (``TypeError`` for a non-int, a bool
-          included; ``ValueError`` below 1). Unlike the stdlib's, the
-          default is bounded;
-        * with no ``chunksize``, chunks are sized from per-item time measured
-          in the workers, re-tuned as chunks finish; workers stop a chunk that
-          runs far past its expected time and the rest is re-chunked;
-        * it returns a generator on every route (``close()``, ``send()``,
-          ``throw()``; ``send(x)`` acts as ``next()``);
-        * it starts on the chosen backend at once, its first chunks one item
-          each so every worker starts working; the workers time those
-          chunks and watch their own GIL, and once the figures agree the
-          rest of the map may move, once, to a route predicted at least 1.3x
-          faster (threads for work that waits or releases the GIL, a loop in
-          the calling thread for calls too cheap to send to a process,
-          processes for work on threads that holds the GIL); the callable's
-          next maps start where this one ended, and the figures are saved
-          for later runs (``SMARTEXEC_CACHE=0`` turns that off; see
-          ``docs/routing.md``);
-        * until such a move, no item of a callable routed to process workers
-          runs in the calling process (a crash fails its item with
-          :class:`~smartexec.errors.WorkerCrashedError`, a
-          ``BrokenProcessPool``); ``prefer="processes"`` keeps it there;
-        * with ``SmartExecutor(allow_inline=True)``, when the executor chose
-          the backend (no ``backend=``), no ``chunksize``, no ``timeout`` and
-          no ``initializer`` are given (nor a ``task_timeout``), the first
-          items run in the calling thread for about 10 ms to measure them
-          instead (their results are kept, and their side effects happen in
-          this process); if a plain loop is predicted to be at least as
-          fast, the whole map runs inline (see :meth:`decisions` for the
-          figures). Callables shared with fork workers by copy-on-write
-          never run in the calling thread;
-        * each item's exception is raised at its own position, after the
-          results of the items before it, even within a chunk; a chunk of
-          several items whose worker died is re-sent one item per chunk, so
-          only the culprit fails. An item's exception or ``timeout`` cancels
-          every chunk not yet started (running ones finish, as in the
-          stdlib); ``close()``, ``KeyboardInterrupt`` or ``SystemExit``
-          also stops the chunks running on process workers (their workers
-          are killed and replaced), so the next map does not wait for them;
-        * ``ordered=False`` yields the results as they complete instead of in
-          input order: chunk by chunk as each chunk finishes (within a chunk,
-          in input order), the plain results, as ``imap_unordered`` does; a
-          caller that needs each result's item maps a function that returns
-          it too (see ``docs/getting-started.md``). Streaming and bounded as
-          in input order (``buffersize``, lazy input, ``timeout`` per wait);
-          an item's exception is raised when its chunk completes and its turn
-          comes, and a map that moves backend still yields every item once.
-          Items a probe ran in the calling thread come first. ``TypeError``
-          unless a bool;
-        * ``progress``: True draws a tqdm bar that counts items (whatever the
-          chunksize or backend) as their results are taken, a tqdm-like
-          factory draws its own, False draws none, and None (the default)
-          follows the executor's ``progress``. The bar's total is the
-          input's length when known, and the bar is closed when the results
-          end, raise, or the iterator is closed (:mod:`smartexec.progress`).
-          Raises ``ImportError`` for True without tqdm installed
-          (``pip install 'smartexec[progress]'``).
+        smartexec adds (each point in full in ``docs/reference/executor.md``):
+        the input is read lazily, ``buffersize`` chunks ahead (default
+        ``2 * workers + 2``; Python 3.14's argument, on every Python);
+        ``chunksize`` is tuned from per-item times measured in the workers
+        when not given; the result is a generator on every route; the first
+        chunks measure the items, and the rest of the map may move once to a
+        route predicted at least 1.3x faster (``docs/routing.md``); each
+        item's exception is raised at its own position, and only the item
+        that kills its worker fails; ``ordered=False`` yields results as
+        their chunks complete; ``progress`` draws a tqdm bar (True), a
+        factory's bar, none (False), or follows the executor's (None).
+        Raises ``TypeError`` for a non-bool ``ordered``, ``ImportError`` for
+        ``progress=True`` without tqdm.
         """
     )
 
@@ -630,32 +558,15 @@ class SmartExecutor(Executor):
     shutdown.__doc__ = (
         (Executor.shutdown.__doc__ or "")
         + """
-        smartexec adds: every backend this executor started is shut down;
-        no worker process outlives a ``shutdown(wait=True)``. Idempotent.
-        ``map`` reads its input lazily, so ``shutdown()`` (with no
-        ``cancel_futures``, waiting or not) first sends the items not yet
-        sent of every map over an input of known length (a list, a range)
-        given no ``buffersize`` and neither finished nor closed, iterated or
-        not: as with the stdlib, whose ``map`` submits them all when called,
-        every item runs, and the results can be read after the shutdown.
-        With ``wait=False`` the rest is sent with no time budget, since
-        the part of a chunk a worker stops at one is sent again only as the
-        map is read (it is not, once the backends have shut down: a chunk
-        sent before the shutdown that runs past 4x its expected time fails
-        its unfinished items with ``RuntimeError`` there).
-        A map over an input of unknown length (a generator), or given a
-        ``buffersize``, finishes only the chunks already sent, as 3.14's
-        ``map`` with ``buffersize``; reading past them afterwards raises
-        ``RuntimeError``. Either way the chunks sent finish whole: the
-        part a worker left (a chunk stopped at its time budget, the items
-        of a worker that died) is sent again before the backends shut
-        down, and a failed item's error waits at its place in the results.
-        Ctrl-C while it waits stops those maps' chunks, running ones too.
-        Submits still waiting unsent for their callable's first figures
-        (see :meth:`submit`) are routed by those figures first, as they
-        would have been before the shutdown (to threads, if they say so),
-        unless ``cancel_futures`` cancels them; ``wait=False`` sends them
-        on their process route at once.
+        smartexec adds (in full in ``docs/reference/executor.md``): every
+        backend this executor started is shut down, and no worker process
+        outlives ``shutdown(wait=True)``; idempotent. As the stdlib's
+        ``map`` submits every item when called, the items not yet sent of
+        every open map over an input of known length (no ``buffersize``)
+        are sent first, and every chunk already sent finishes whole; submits
+        still waiting for their callable's first figures are routed first,
+        unless ``cancel_futures`` cancels them. Ctrl-C while it waits stops
+        those maps' chunks.
         """
     )
 
@@ -735,3 +646,41 @@ class SmartExecutor(Executor):
         state = "shut down" if self._shutdown else "running"
         started = ", ".join(sorted(self._started)) or "none yet"
         return f"<SmartExecutor {state}; backends started: {started}>"
+
+
+def _explained(
+    decision: Decision,
+    estimate: Estimate,
+    running: Backend | None,
+    fn: Callable[..., Any],
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+) -> Decision:
+    """``decision`` with what :meth:`SmartExecutor.explain` adds to its reasons.
+
+    How its workers start, the running backend's own account, the per-item
+    figures of every item measured, its last map's route, and, for an
+    example ``call`` (``(args, kwargs)``, both empty for none), its
+    arguments' pickled size.
+    """
+    notes = list(running.describe(fn)) if running is not None else []
+    started_by = _setup.start_method_note(get_backend_class(decision.backend))
+    if started_by is not None:
+        notes.insert(0, started_by)
+    if estimate.per_item_s is not None:
+        # Every item measured, all maps' (a map's line gives its first chunks' mean)
+        notes.append(f"per item, over every item measured: {estimate}")
+    last = estimate.last_map
+    if last is not None:
+        if f"its last map: {last.reasons[0]}" in decision.reasons:
+            notes.append(f"its last map ran on {last.backend}")  # its figures are above
+        else:
+            notes.append(f"its last map ran on {last.backend}: {last.reasons[0]}")
+    if any(call):
+        size = payload_size(call)
+        note = f"one call's arguments pickle to {size}"
+        if _setup.check_available(decision.backend).shares_memory:
+            note += " (not pickled on this backend)"
+        notes.append(note)
+    if not notes:
+        return decision
+    return dataclasses.replace(decision, reasons=(*decision.reasons, *notes))
