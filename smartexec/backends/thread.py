@@ -257,18 +257,32 @@ class ThreadBackend(Backend):
         """Whether every submit_call() call sent has ended (reads both counters, advancing neither)."""
         return _peek(self._calls_in) == _peek(self._calls_out)
 
-    def release_idle(self) -> None:
+    def release_idle(self, timeout_s: float | None = None) -> None:
         """Let the pool's threads exit if no chunk is pending (a new pool starts on demand).
 
         The fork backend calls it before forking, so that the fork copies no
-        idle thread of ours.
+        idle thread of ours. A pool counts as idle once its calls have
+        returned, but a thread may still run a future's done-callbacks (the
+        user's code, which may wait for the thread that forks: a callback
+        that submits to the executor starting the fork pool waits for its
+        lock). So the wait for the threads to exit is bounded.
+
+        Args:
+            timeout_s: seconds to wait for the threads, all together; None
+                waits until they have exited. Past it, the threads still in
+                a callback exit when it returns.
         """
         with self._lock:
             pool = self._pool if self._pending == 0 and self._calls_idle() else None
             if pool is not None:
                 self._pool = None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if pool is None:
+            return
+        pool.shutdown(wait=timeout_s is None)
+        if timeout_s is not None:
+            deadline = time.monotonic() + timeout_s
+            for thread in list(getattr(pool, "_threads", ())):
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def broken(self) -> InitializerError | None:
@@ -468,10 +482,14 @@ class _MarkThread:
             self._then()
 
 
-def release_idle_thread_pools() -> None:
-    """Let every idle thread backend's threads exit (see :meth:`ThreadBackend.release_idle`)."""
+def release_idle_thread_pools(timeout_s: float | None = None) -> None:
+    """Let every idle thread backend's threads exit (see :meth:`ThreadBackend.release_idle`).
+
+    Args:
+        timeout_s: seconds to wait for each backend's threads; None: until they exit.
+    """
     for backend in list(_LIVE_THREAD_BACKENDS):
-        backend.release_idle()
+        backend.release_idle(timeout_s)
 
 
 def _run_capped(

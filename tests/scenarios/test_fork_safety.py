@@ -211,3 +211,58 @@ def test_more_loky_workers_than_open_files_allow_fail_fast_too():
     with pytest.raises(ValueError, match="open files") as caught:
         SmartExecutor(soft, backend="loky")
     assert "on the loky backend" in str(caught.value) and "ulimit -n" in str(caught.value)
+
+
+def test_a_done_callback_that_submits_does_not_hang_a_fork_pools_start():
+    # Found by a lock-order pass: a fork pool's start lets idle thread pools'
+    # threads exit first, and waited for them without bound; a thread still
+    # running a future's done-callback that submits to the executor starting
+    # the pool waited for its lock in turn. The wait is now bounded
+    # (PAUSE_TIMEOUT_S): the callback's submit runs once the pool started.
+    result = _children.run_python(
+        """
+        import time
+        from smartexec import SmartExecutor
+        on_threads = SmartExecutor(backend="thread", max_workers=1)
+        on_fork = SmartExecutor(backend="fork", max_workers=1)
+        late = []
+        def nap():
+            time.sleep(0.1)
+            return 1
+        def callback(_):
+            time.sleep(0.4)  # the user's code, on the pool's thread
+            late.append(on_fork.submit(abs, -2))
+        on_threads.submit(nap).add_done_callback(callback)
+        time.sleep(0.25)  # nap done: its thread pool reads as idle, the callback runs
+        print("first", on_fork.submit(abs, -1).result(timeout=20))
+        on_threads.shutdown()
+        print("late", late[0].result(timeout=20))
+        on_fork.shutdown()
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "first 1" in result.stdout and "late 2" in result.stdout, result.stdout
+
+
+def nested_fork_pool_in_a_thread(_):
+    """In a fork worker: a thread of its own starts a fork pool and uses it."""
+    found = {}
+
+    def other():
+        with SmartExecutor(backend="fork", max_workers=1) as inner:
+            found["value"] = inner.submit(abs, -5).result(timeout=20)
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    thread.join(30)
+    return found.get("value", "hung")
+
+
+def test_a_thread_in_a_fork_worker_may_start_a_fork_pool():
+    # Found by a lock-order pass: workers are forked while the fork package's
+    # _QUIESCE_LOCK is held, and inherited it held; a thread of the worker's
+    # own that started a fork pool then waited on it forever. The child
+    # re-initialises the locks a fork may copy held.
+    with SmartExecutor(backend="fork", max_workers=1) as ex:
+        assert ex.submit(nested_fork_pool_in_a_thread, 0).result(timeout=60) == 5

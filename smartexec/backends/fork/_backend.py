@@ -30,7 +30,7 @@ from ...errors import InitializerError
 from ...inspection import callable_name
 from .._base import Backend, check_open_files
 from ._children import STOP_TIMEOUT_S
-from ._parts import _LIVE_POOLS, _Task
+from ._parts import _LIVE_POOLS, _OWNER_LOCK, _QUIESCE_LOCK, _Task
 from ._pool import _ForkPool
 
 #: Shared callables that cannot be weakly referenced, kept for reuse at most.
@@ -477,6 +477,12 @@ def _shutdown_all_pools() -> None:
 def _after_fork_in_child() -> None:
     # A forked child must never drive its parent's pools.
     _LIVE_POOLS.clear()
+    # A pool forks its zygote and workers holding _QUIESCE_LOCK (see
+    # _quiesced), and another thread may hold _OWNER_LOCK at that instant: in
+    # the child, which never returns to release them, a thread of its own
+    # (a worker's thread starting a fork pool of its own) waited forever.
+    _QUIESCE_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
+    _OWNER_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

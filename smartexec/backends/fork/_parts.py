@@ -95,8 +95,8 @@ def _quiesced() -> Iterator[None]:
     the child gets a copy of every lock another thread held at that instant.
     The fork pools' dispatcher threads pause (they hold no state on their
     stack) and the thread backends let their idle threads exit; all restart
-    after the fork. A dispatcher busy in a done-callback past
-    :data:`PAUSE_TIMEOUT_S`, a thread pool with work, and threads that are not
+    after the fork. A dispatcher or idle pool thread busy in a done-callback
+    past :data:`PAUSE_TIMEOUT_S`, a thread pool with work, and threads that are not
     ours (the user's, loky's) stay: the policy routes away from fork when the
     user's threads run (see :func:`smartexec.policy.decide`).
     """
@@ -110,7 +110,7 @@ def _quiesced() -> Iterator[None]:
         senders = pause_senders()
         try:
             if thread_module is not None:
-                thread_module.release_idle_thread_pools()
+                thread_module.release_idle_thread_pools(PAUSE_TIMEOUT_S)
             yield
         finally:
             for sender in senders:
