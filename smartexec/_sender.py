@@ -21,7 +21,7 @@ chunk's place (its future) first, then pickle it:
   bound method, a callable sent once per worker) goes this way.
 
 The sender thread exists only while it has jobs; around a fork
-(``fork.py``'s ``_quiesced``) it is paused between two jobs, like the fork
+(``backends/fork/_parts.py``'s ``_quiesced``) it is paused between two jobs, like the fork
 pools' dispatchers: a job still pickling after :data:`PAUSE_TIMEOUT_S` seconds
 keeps running, and the fork goes on.
 """
