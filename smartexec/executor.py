@@ -19,6 +19,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any, Literal, TypeVar
 
 from . import _initializer, _open_maps, _profiles, _setup
+from ._code_hint import arithmetic_only
 from ._identity import identity_key
 from ._inputs import common_length
 from ._map_run import MapRun
@@ -345,7 +346,16 @@ class SmartExecutor(Executor):
             decision = learned
         with self._lock:
             running = self._backends.get(decision.backend)
-        return _explained(decision, estimate, running, fn, (args, kwargs))
+        explained = _explained(decision, estimate, running, fn, (args, kwargs))
+        if self._options.prefer is None and not _runs_here(decision) and arithmetic_only(fn):
+            # What MapRun._cheap_here does with a map's items, said here without them.
+            note = (
+                f"a map over small numbers (its code only does arithmetic) starts in a "
+                f"loop in this thread, its first items timed, and moves to "
+                f"{decision.backend} only if they turn out slow"
+            )
+            explained = dataclasses.replace(explained, reasons=(*explained.reasons, note))
+        return explained
 
     def refresh(self, fn: Callable[..., Any]) -> bool:
         """Drop every copy of a shared callable's object kept for ``fn``'s workers.
@@ -646,6 +656,11 @@ class SmartExecutor(Executor):
         state = "shut down" if self._shutdown else "running"
         started = ", ".join(sorted(self._started)) or "none yet"
         return f"<SmartExecutor {state}; backends started: {started}>"
+
+
+def _runs_here(decision: Decision) -> bool:
+    """Whether ``decision``'s backend runs calls in this process (threads, a loop)."""
+    return bool(_setup.check_available(decision.backend).shares_memory)
 
 
 def _explained(

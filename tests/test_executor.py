@@ -552,3 +552,17 @@ def test_explain_is_a_dry_run_that_logs_no_decision():
         assert logged and first.backend in ("fork", "inline", "thread")
         ex.explain(square)
         assert ex.decisions() == logged
+
+
+def test_explain_says_a_map_over_small_numbers_starts_in_a_loop():
+    # What map does with arithmetic-only code over small numbers (a loop here,
+    # its first items timed), explain() says too, though it has no items.
+    def square(x):
+        return x * x
+
+    with SmartExecutor(2) as ex:
+        decision = ex.explain(square)
+        assert decision.backend in ("fork", "loky")
+        assert any("starts in a loop in this thread" in r for r in decision.reasons), decision
+        assert list(ex.map(square, range(1000))) == [x * x for x in range(1000)]
+        assert ex.decisions()[-1].backend == "inline"
