@@ -154,6 +154,8 @@ class ChunkStream:
             one is (for the rest of a map that moved: the results before
             it, on the other backend, come first); False raises it from
             here when no chunk was sent before it.
+        start: read and send the first window now; False leaves it to
+            :meth:`start`.
         probe: ``(chunks, items)``: until that many chunks' results are
             taken, only that many chunks of at most that many items each
             are sent, then the full window. For items measured too cheap to
@@ -199,6 +201,7 @@ class ChunkStream:
         on_result: Callable[[ChunkResult, list[Call]], None] | None = None,
         probe: tuple[int, int] | None = None,
         keep_first_error: bool = False,
+        start: bool = True,
     ):
         self._send = send
         self._calls = calls
@@ -229,19 +232,40 @@ class ChunkStream:
         #: Called once the stream is cancelled or aborted (its map ended or was
         #: closed): an executor stops counting it among the maps to finish.
         self.on_cancel: Callable[[], None] | None = None
-        try:
-            self._refill()
-        except Exception as exc:
-            if not keep_first_error and (exc is not self._input_error or not self._window):
+        self._keep_first_error = keep_first_error
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Read and send the first window (done by the constructor unless ``start=False``).
+
+        A caller that must register the stream first (an executor's
+        shutdown finishes its open maps) opens it with ``start=False`` and
+        starts it once its own locks are released: reading the input runs
+        the user's code (a generator), which may wait for a thread that
+        submits to the same executor.
+
+        Raises:
+            Exception: reading the input or sending the first window failed
+                before any chunk was sent, and ``keep_first_error`` is
+                False (the stream is cancelled).
+        """
+        with self._lock:
+            try:
+                self._refill()
+            except Exception as exc:
+                if not self._keep_first_error and (
+                    exc is not self._input_error or not self._window
+                ):
+                    self.cancel()
+                    raise
+                # Raised by chunks() after the chunks sent before it (none, or
+                # the window's): its place in the input.
+                self._input_error = exc
+                self._exhausted = True
+            except BaseException:
                 self.cancel()
                 raise
-            # Raised by chunks() after the chunks sent before it (none, or
-            # the window's): its place in the input.
-            self._input_error = exc
-            self._exhausted = True
-        except BaseException:
-            self.cancel()
-            raise
 
     # -- sending -----------------------------------------------------------------
 

@@ -569,8 +569,9 @@ def open_stream(
 ) -> ChunkStream:
     """Start sending ``inputs`` (``remaining`` of them, None: unknown) to ``ex``'s backend as ``plan`` says.
 
-    The first window goes now; the stream is counted among the maps ``ex``'s
-    shutdown finishes.
+    The stream is counted among the maps ``ex``'s shutdown finishes, then
+    its first window goes, outside ``ex``'s lock (the input is the user's
+    code).
     """
     fn, decision, estimate, backend = plan.fn, plan.decision, plan.estimate, plan.backend
     chunksize, buffersize, clocked = plan.chunksize, plan.buffersize, plan.clocked
@@ -630,9 +631,13 @@ def open_stream(
             on_result=plan.on_result,
             probe=plan.probe if chunksize is None else None,
             keep_first_error=plan.keep_first_error,
+            start=False,
         )
         ex._open_maps.add(stream, send_rest=buffersize is None and remaining is not None)
-        return stream
+    # Not under the executor's lock: reading the input runs the user's code
+    # (a generator that may wait for a thread submitting to this executor).
+    stream.start()
+    return stream
 
 
 def chunk_timeout(

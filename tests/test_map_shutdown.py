@@ -296,3 +296,32 @@ def _square_slowly(x):
 
     time.sleep(0.002)
     return x * x
+
+
+@pytest.mark.parametrize("backend", ["thread", "fork", None])
+def test_an_input_that_waits_for_a_thread_submitting_here_does_not_hang(backend):
+    # Found by a lock-order pass: a map read its first window from the
+    # input while holding the executor's lock, so a generator waiting for
+    # another thread's submit to this executor waited forever (the stdlib's
+    # submit holds no lock while its map reads the input).
+    import queue
+
+    ready = threading.Event()
+    items: queue.Queue = queue.Queue()
+    with SmartExecutor(2, backend=backend) as ex:
+
+        def producer():
+            ready.wait(10)
+            for i in range(3):
+                items.put(ex.submit(abs, -i).result(timeout=20))
+            items.put(None)
+
+        def generated():
+            ready.set()
+            while (item := items.get(timeout=20)) is not None:
+                yield item
+
+        thread = threading.Thread(target=producer, daemon=True)
+        thread.start()
+        assert list(ex.map(abs, generated())) == [0, 1, 2]
+        thread.join(20)
