@@ -183,7 +183,9 @@ class SubmitRoute:
 
         Returns:
             The call's future, and whether it waits unsent (parked) while
-            ``fn``'s first calls run.
+            ``fn``'s first calls run. A synchronous backend's call has not
+            run yet: the caller runs it with :func:`run_deferred` once it
+            has released its lock.
         """
         moved = self.learned_route(fn) if self.learns else None
         if moved is not None:
@@ -228,7 +230,7 @@ class SubmitRoute:
                 self._started.add(backend.name)
                 return parked, True
             start = time.perf_counter()
-            inner = send()
+            inner = send() if not backend.synchronous else _Deferred(send)
         except Exception as exc:
             # As the stdlib: a call that cannot be sent fails its future,
             # submit() itself does not raise (the built-in process
@@ -726,3 +728,41 @@ class SubmitRoute:
             with self.lock:
                 self.closers.remove(me)
                 self.idle.notify_all()
+
+
+class _Deferred(Future):  # type: ignore[type-arg]
+    """The future of a call a synchronous backend runs in the submitting thread, not run yet.
+
+    ``SmartExecutor.submit`` routes a call under its lock; a synchronous
+    backend (``backend="inline"``) would run the user's function right
+    there, and another thread's submit (one the function may wait for)
+    would wait for the lock. The call runs once the lock is released
+    (:meth:`run`), still in the submitting thread, before ``submit`` returns.
+    """
+
+    def __init__(self, send: Callable[[], Future[ChunkResult]]) -> None:
+        super().__init__()
+        self._send: Callable[[], Future[ChunkResult]] | None = send
+
+    def run(self) -> None:
+        """Run the call now (once), taking its outcome; for ``SmartExecutor.submit``."""
+        send, self._send = self._send, None
+        if send is None or not self.set_running_or_notify_cancel():
+            return
+        try:
+            done = send()
+            error = done.exception()
+        except BaseException as exc:  # noqa: BLE001 - the call's own outcome, kept
+            self.set_exception(exc)
+            return
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(done.result())
+
+
+def run_deferred(future: Future[Any]) -> None:
+    """Run the call behind ``future`` if a synchronous backend left it to run (see :class:`_Deferred`)."""
+    inner = future._inner if isinstance(future, CallFuture) else None
+    if isinstance(inner, _Deferred):
+        inner.run()

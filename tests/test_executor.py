@@ -566,3 +566,30 @@ def test_explain_says_a_map_over_small_numbers_starts_in_a_loop():
         assert any("starts in a loop in this thread" in r for r in decision.reasons), decision
         assert list(ex.map(square, range(1000))) == [x * x for x in range(1000)]
         assert ex.decisions()[-1].backend == "inline"
+
+
+def test_an_inline_call_that_waits_for_another_threads_submit_does_not_hang():
+    # Found by a lock-order pass: backend="inline" ran a submitted call under
+    # the executor's lock, so a call waiting for another thread's submit to
+    # the same executor waited forever. It runs once the lock is released,
+    # still in the submitting thread, before submit() returns.
+    with SmartExecutor(backend="inline") as ex:
+
+        def inner(x):
+            return x + 1
+
+        def outer(x):
+            found = {}
+            helper = threading.Thread(
+                target=lambda: found.setdefault("v", ex.submit(inner, x).result(timeout=10))
+            )
+            helper.start()
+            helper.join(10)
+            return found.get("v", "hung"), threading.current_thread() is main
+
+        main = threading.current_thread()
+        future = ex.submit(outer, 1)
+        assert future.done()  # it ran before submit returned
+        assert future.result() == (2, True)
+        with pytest.raises(ZeroDivisionError):
+            ex.submit(lambda: 1 / 0).result()
