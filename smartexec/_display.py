@@ -17,7 +17,6 @@ Duck-typed on the records' attributes: this module imports neither
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 
@@ -36,6 +35,14 @@ __all__ = [
     "stats_repr",
     "backend_repr",
 ]
+
+
+def _escape(text: str) -> str:
+    """``html.escape``, imported only when a notebook asks for HTML (the html package, ~2 ms)."""
+    import html
+
+    return html.escape(text)
+
 
 #: The longest first reason a one-line repr shows, in characters.
 REPR_REASON_CHARS = 100
@@ -77,9 +84,9 @@ def decision_repr(decision: Any) -> str:
 
 def decision_html(decision: Any) -> str:
     """The head in bold, then the reasons as a list."""
-    items = "".join(f"<li>{html.escape(reason)}</li>" for reason in decision.reasons)
+    items = "".join(f"<li>{_escape(reason)}</li>" for reason in decision.reasons)
     body = f"<ul>{items}</ul>" if items else ""
-    return f"<div><b>{html.escape(_head(decision))}</b>{body}</div>"
+    return f"<div><b>{_escape(_head(decision))}</b>{body}</div>"
 
 
 def backend_repr(stats: Any) -> str:
@@ -130,17 +137,15 @@ def stats_html(stats: Any) -> str:
                 f"{s.active_s:.3f} s",
                 "" if s.busy is None else f"{s.busy:.0%}",
             )
-            rows.append(
-                "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
-            )
+            rows.append("<tr>" + "".join(f"<td>{_escape(str(c))}</td>" for c in cells) + "</tr>")
         table = f"<table><tr>{head}</tr>{''.join(rows)}</table>"
     parts = [table]
     if stats.warnings:
-        items = "".join(f"<li>{html.escape(w)}</li>" for w in stats.warnings)
+        items = "".join(f"<li>{_escape(w)}</li>" for w in stats.warnings)
         parts.append(f"<p><b>warnings</b></p><ul>{items}</ul>")
     lines = decision_lines(stats.decisions)
     if lines:
-        items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+        items = "".join(f"<li>{_escape(line)}</li>" for line in lines)
         parts.append(
             "<p><b>decisions</b> (latest last; <code>ex.decisions()</code> has every "
             f"reason)</p><ul>{items}</ul>"
