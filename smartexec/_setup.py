@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import multiprocessing
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +157,10 @@ def start_method_note(factory: Callable[..., Backend]) -> str | None:
     """How ``factory``'s worker processes start, for explain(); None without processes."""
     method = getattr(factory, "start_method", None)
     if method == "fork":
+        if multiprocessing.get_start_method(allow_none=True) in (None, "fork") and (
+            sys.platform == "linux" and sys.version_info < (3, 14)
+        ):
+            return "fork workers (start method: fork, multiprocessing's default here)"
         return (
             "fork workers (start method: fork, asked for by name whatever multiprocessing's "
             "default is: forkserver on Linux from Python 3.14)"
