@@ -233,6 +233,8 @@ class ChunkStream:
         #: closed): an executor stops counting it among the maps to finish.
         self.on_cancel: Callable[[], None] | None = None
         self._keep_first_error = keep_first_error
+        #: The first window is read and sent (see :meth:`start`).
+        self.started = False
         if start:
             self.start()
 
@@ -266,6 +268,7 @@ class ChunkStream:
             except BaseException:
                 self.cancel()
                 raise
+            self.started = True
 
     # -- sending -----------------------------------------------------------------
 

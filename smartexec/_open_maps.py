@@ -90,10 +90,16 @@ def finish(
 ) -> None:
     """Finish the maps :meth:`OpenMaps.take` gave, as ``shutdown(wait, cancel_futures)`` does.
 
+    A map still reading its first window (its input is the user's code,
+    which may wait for this very thread) is not waited for: as with the
+    stdlib, whose ``map`` submits as it reads, what it sends after the
+    backends shut down fails with ``RuntimeError``.
+
     Raises:
         BaseException: a Ctrl-C while waiting, after stopping those maps'
             chunks and the backends.
     """
+    unsent = [(stream, send_rest) for stream, send_rest in unsent if stream.started]
     streams = [stream for stream, _ in unsent]
     try:
         if not cancel_futures:

@@ -325,3 +325,36 @@ def test_an_input_that_waits_for_a_thread_submitting_here_does_not_hang(backend)
         thread.start()
         assert list(ex.map(abs, generated())) == [0, 1, 2]
         thread.join(20)
+
+
+@pytest.mark.parametrize("backend", ["thread", "fork", None])
+def test_shutdown_does_not_wait_for_a_map_still_reading_its_first_input(backend):
+    # Found by an adversarial pass: shutdown(wait=True) waited for a map
+    # whose input generator was still producing its first item, which could
+    # be waiting for the thread shutting down. As the stdlib's, shutdown
+    # returns, and that map raises RuntimeError once it sends.
+    release = threading.Event()
+    shut = threading.Event()
+    outcome = {}
+
+    def generated():
+        release.wait(30)
+        yield from range(10)
+
+    ex = SmartExecutor(2, backend=backend)
+
+    def mapper():
+        try:
+            outcome["results"] = list(ex.map(square, generated()))
+        except RuntimeError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=mapper, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # the map is reading its first item
+    closer = threading.Thread(target=lambda: (ex.shutdown(wait=True), shut.set()), daemon=True)
+    closer.start()
+    assert shut.wait(20), "shutdown(wait=True) waited for the map's input"
+    release.set()
+    thread.join(20)
+    assert "shutdown" in str(outcome.get("error")), outcome
