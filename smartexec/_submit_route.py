@@ -31,7 +31,7 @@ import types
 import weakref
 from collections.abc import Callable, Sized
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _profiles
 from ._call_future import CallFuture
@@ -178,14 +178,14 @@ class SubmitRoute:
 
     def submit(
         self, ex: SmartExecutor, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Future[Any], bool]:
+    ) -> Submitted:
         """Route and send one call of ``fn``; see ``SmartExecutor.submit``. Hold the executor's lock.
 
         Returns:
-            The call's future, and whether it waits unsent (parked) while
-            ``fn``'s first calls run. A synchronous backend's call has not
-            run yet: the caller runs it with :func:`run_deferred` once it
-            has released its lock.
+            A :class:`Submitted`: the call's future, whether it waits unsent
+            (parked) while ``fn``'s first calls run, and a synchronous
+            backend's call, not run yet, for the caller to run once it has
+            released its lock.
         """
         moved = self.learned_route(fn) if self.learns else None
         if moved is not None:
@@ -203,7 +203,7 @@ class SubmitRoute:
             future: Future[Any] = run_call(fn, args, kwargs, record)
             self._started.add(backend.name)
             self.remember_fast(fn, run_call, record, moved is not None)
-            return future, False
+            return Submitted(future)
         if learning:
             ex._backend("thread")  # made here, under the lock, for a verdict's move
         return self._to_processes(fn, (args, kwargs), decision, backend, timeout_s, learning)
@@ -216,7 +216,7 @@ class SubmitRoute:
         backend: Backend,
         timeout_s: float | None,
         learning: bool,
-    ) -> tuple[Future[Any], bool]:
+    ) -> Submitted:
         """Send ``call`` on its process route, or park it while ``fn``'s first calls run."""
         stats = self._stats
         try:
@@ -228,7 +228,7 @@ class SubmitRoute:
             parked = self.park(fn, decision, call, backend, send) if learning else None
             if parked is not None:
                 self._started.add(backend.name)
-                return parked, True
+                return Submitted(parked, parked=True)
             start = time.perf_counter()
             inner = send() if not backend.synchronous else _Deferred(send)
         except Exception as exc:
@@ -239,7 +239,7 @@ class SubmitRoute:
                 raise
             failed: CallFuture = CallFuture()
             failed.set_exception(explain_pickling(fn, [call], exc, backend.name))
-            return failed, False
+            return Submitted(failed)
         self._started.add(backend.name)
         learn = None
         if learning:
@@ -249,7 +249,7 @@ class SubmitRoute:
         outer = CallFuture(inner, fn, call, backend.name, send, self._max_retries, learn)
         if learning:
             self.note_sent(fn, decision, outer, backend.max_workers)
-        return outer, False
+        return Submitted(outer, run_here=inner if isinstance(inner, _Deferred) else None)
 
     def decision(self, fn: Any, decision: Decision) -> tuple[Decision, bool]:
         """``decision`` for a submit of ``fn``, moved to threads where its submits' figures say so.
@@ -761,8 +761,16 @@ class _Deferred(Future):  # type: ignore[type-arg]
             self.set_result(done.result())
 
 
-def run_deferred(future: Future[Any]) -> None:
-    """Run the call behind ``future`` if a synchronous backend left it to run (see :class:`_Deferred`)."""
-    inner = future._inner if isinstance(future, CallFuture) else None
-    if isinstance(inner, _Deferred):
-        inner.run()
+class Submitted(NamedTuple):
+    """What :meth:`SubmitRoute.submit` hands back to ``SmartExecutor.submit``.
+
+    Attributes:
+        future: the call's future, returned to the user.
+        parked: it waits unsent while its callable's first calls run.
+        run_here: a synchronous backend's call, to run (``run_here.run()``)
+            once the executor's lock is released; None for the others.
+    """
+
+    future: Future[Any]
+    parked: bool = False
+    run_here: _Deferred | None = None

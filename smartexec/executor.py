@@ -27,7 +27,7 @@ from ._map_run import check_task_timeout as _check_task_timeout
 from ._mapping import as_generator
 from ._open_maps import OpenMaps
 from ._router import Router
-from ._submit_route import SubmitRoute, run_deferred
+from ._submit_route import SubmitRoute
 from ._system import current_platform, interpreter_exiting
 from .backends._base import Backend
 from .errors import (
@@ -422,8 +422,9 @@ class SmartExecutor(Executor):
                 return fast[2](fn, args, kwargs, fast[3])  # type: ignore[no-any-return]
         with self._lock:
             check_open(self)
-            future, parked = submits.submit(self, fn, args, kwargs)
-        run_deferred(future)  # a synchronous backend's call runs here, not under our lock
+            future, parked, run_here = submits.submit(self, fn, args, kwargs)
+        if run_here is not None:
+            run_here.run()  # a synchronous backend's call runs here, not under our lock
         if parked:
             # The calls on their way decide where this one runs: let the
             # thread that completes them have the GIL now, rather than after
