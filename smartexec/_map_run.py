@@ -213,7 +213,7 @@ class MapRun:
             and self.task_timeout is None
             and not ex._options.stoppable
             and not self.decision.share
-            and ex._initializer is None
+            and not ex._options.initializer
         )
 
     def start(self) -> Iterator[Any]:
@@ -384,7 +384,7 @@ class MapRun:
             "backend": ex._options.backend is not None,
             "timeout": self.timeout is not None,
             "task_timeout": self.task_timeout is not None,
-            "initializer": ex._initializer is not None,
+            "initializer": ex._options.initializer,
             "copy_on_write": decision.share and self.backend.copy_on_write,
             "share": decision.share,
         }

@@ -134,7 +134,7 @@ class SubmitRoute:
         self._started = executor._started
         self._executor_lock = executor._lock
         self._max_retries = executor._max_retries
-        self._plain = executor._initializer is None
+        self._plain = not executor._options.initializer
         #: identity key -> (verdict, the policy's decision, the moved one).
         self.decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
         #: identity key -> its calls sent and parked while it is learned.

@@ -225,7 +225,6 @@ class SmartExecutor(Executor):
             _initializer.check(initializer, initargs),
             _initializer.check_max_tasks(max_tasks_per_child),
         )
-        self._initializer = initializer
         start_method = _setup.start_method(mp_context)
         self._workers_setup.check(backend, start_method)
         _setup.check_forced_backend(backend, task_timeout)
