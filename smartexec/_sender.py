@@ -54,7 +54,9 @@ MAX_QUICK_BYTES = 1 << 20
 #: Biggest numpy array pickled in the submitting thread: arrays of 1 MiB or
 #: more are copied once into shared memory, ~3 GB/s, so ~20 ms at this size.
 MAX_QUICK_ARRAY_BYTES = 64 << 20
-#: Seconds to wait for a sender to pause before a fork goes on without.
+#: Seconds to wait for a sender or a dispatcher to pause before a fork goes
+#: on without (a dispatcher may be running a future's done-callback, user
+#: code that may wait on us).
 PAUSE_TIMEOUT_S = 0.5
 
 _ATOMS = frozenset(

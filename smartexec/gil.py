@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from ._identity import WeakCallable, identity_key
 from ._system import SchedReader, sched_times
-from ._threads import foreign_thread_ids, running_user_code
+from ._threads import foreign_thread_ids
 
 __all__ = [
     "GilKind",
@@ -53,7 +53,6 @@ __all__ = [
     "GilSampler",
     "Watched",
     "watch",
-    "WATCH_THREADS",
     "classify",
     "sched_times",
     "SchedReader",
@@ -86,13 +85,6 @@ CPU_SHARE_WAITS = 0.5
 #: fall far from it on both sides (see the module docstring); a half-Python
 #: item read 0.26-0.30 on a machine loaded by other jobs.
 GIL_SHARE_HOLDS = 0.25
-
-#: Threads that run items while watched: the calling thread only. A second
-#: thread would finish GIL-releasing items sooner, but with two threads
-#: taking turns on the GIL the sampler's wake-ups were served sooner and
-#: the share of a pure-Python loop read 0.41-0.65 instead of 0.74-0.86
-#: (2-core machine, under load): too close to call.
-WATCH_THREADS = 1
 
 #: An item that keeps this many cores busy or more (its own threads: a
 #: multithreaded BLAS) is said to be parallel already: threads running several
@@ -152,25 +144,24 @@ _SLACK_S = 0.0002
 _START_SLACK_S = 0.001
 
 
-def classify(cpu_share: float, gil_share: float, threads: int = 1) -> GilKind:
+def classify(cpu_share: float, gil_share: float) -> GilKind:
     """Sort a measured callable into ``"waits"``, ``"releases"`` or ``"holds"``.
 
     Pure.
 
     Args:
-        cpu_share: CPU time over the time the threads running items were
+        cpu_share: CPU time over the time the thread running items was
             not queued for a CPU (0..1).
         gil_share: the fraction of wall time the GIL was held (0..1).
-        threads: threads that ran items meanwhile (int >= 1).
 
     Returns:
         ``"waits"`` when the CPU share is under :data:`CPU_SHARE_WAITS`,
-        else ``"holds"`` when the GIL share is at least ``threads`` times
-        :data:`GIL_SHARE_HOLDS` (at most 0.9), else ``"releases"``.
+        else ``"holds"`` when the GIL share is at least
+        :data:`GIL_SHARE_HOLDS`, else ``"releases"``.
     """
     if cpu_share < CPU_SHARE_WAITS:
         return "waits"
-    if gil_share >= min(0.9, GIL_SHARE_HOLDS * max(1, threads)):
+    if gil_share >= GIL_SHARE_HOLDS:
         return "holds"
     return "releases"
 
@@ -428,15 +419,10 @@ class GilSampler:
             return True
         return cpu_share >= 0.8 and gil_share <= 0.08 and samples >= 10
 
-    def stop(self, others: list[tuple[float, float, float]] | None = None) -> GilProfile:
+    def stop(self) -> GilProfile:
         """Stop watching; join the sampling thread and return the figures.
 
         Idempotent: a second call joins nothing and returns the figures again.
-
-        Args:
-            others: for each other thread that ran items meanwhile, its
-                ``(seconds running items, seconds of those queued for a CPU,
-                its own CPU seconds meanwhile)``.
 
         Returns:
             A :class:`GilProfile` for the items run since :meth:`start`.
@@ -455,14 +441,9 @@ class GilSampler:
         queued = 0.0
         if self._start_sched is not None and end is not None:
             queued = end[1] - self._start_sched[1]
-        busy = max(wall - queued, wall * 0.05)
-        for other_busy, other_queued, other_cpu in others or []:
-            busy += other_busy - other_queued
-            own += other_cpu
-        busy = max(busy, own)  # see decisive()
-        threads = 1 + len(others or [])
+        busy = max(wall - queued, wall * 0.05, own)  # see decisive()
         cores = cpu / max(busy, 1e-9)
-        # The threads running items: the process's time may hold other work
+        # The thread running items: the process's time may hold other work
         # (a BLAS pool still spinning after the program's last call).
         own_share = own / max(busy, 1e-9)
         cpu_share = min(1.0, own_share)
@@ -474,13 +455,13 @@ class GilSampler:
         # GIL without working: count the share over the time it was not queued.
         gil_share = min(1.0, late / max(wall - queued, wall * 0.05))
         self._result = GilProfile(
-            classify(cpu_share, gil_share, threads),
+            classify(cpu_share, gil_share),
             self.items,
             wall,
             cpu_share,
             gil_share,
             self._samples,
-            threads,
+            1,
             round(cores, 2),
         )
         return self._result
@@ -585,91 +566,41 @@ class Watched:
 
 
 class _Watch:
-    """One :func:`watch`: its items taken in order by every thread, their outcomes, the sampler."""
+    """One :func:`watch`: its items run in order in the calling thread, their results, the sampler."""
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        inputs: Iterator[Any],
-        star: bool,
-        max_items: int,
-        seconds: float,
-        early_s: float | None,
-    ):
+    def __init__(self, fn: Callable[..., Any], inputs: Iterator[Any], star: bool, max_items: int):
         self.fn, self.inputs, self.star, self.max_items = fn, inputs, star, max_items
-        self.lock = threading.Lock()
-        self.outcomes: dict[int, Any] = {}
+        self.results: list[Any] = []
         self.sampler = GilSampler()
-        self.deadline = time.perf_counter() + seconds
-        #: With one thread: when the watch may end early, once its figures are decisive.
-        self.early = None if early_s is None else self.deadline - seconds + early_s
-        self.reports: list[tuple[float, float, float]] = []  # the helper threads'
-        self.next = 0  # index of the next item to take
-        self.stop = False
         self.exhausted = False
-        self.error_at: int | None = None
         self.error: BaseException | None = None
 
-    def take(self) -> tuple[int, Any] | None:
-        """The next item and its index, or None: time is up, enough taken, or the input ended."""
-        with self.lock:
-            if self.stop or self.next >= self.max_items or time.perf_counter() >= self.deadline:
-                return None
-            try:
-                item = next(self.inputs)
-            except StopIteration:
-                self.exhausted = self.stop = True
-                return None
-            except BaseException as exc:  # reading the input failed: at its position
-                self.stop = True
-                self.error_at, self.error = self.next, exc
-                return None
-            index = self.next
-            self.next = index + 1
-            return index, item
-
-    def run_items(self) -> None:
-        """Run items until :meth:`take` gives none, an item raises, or the figures are decisive."""
-        check_at = self.early
-        fn, star = self.fn, self.star
-        while True:
-            taken = self.take()
-            if taken is None:
-                return
-            index, item = taken
-            try:
-                self.outcomes[index] = fn(*item) if star else fn(item)
-            except BaseException as exc:
-                with self.lock:
-                    self.stop = True
-                    if self.error_at is None or index < self.error_at:
-                        self.error_at, self.error = index, exc
-                if not isinstance(exc, Exception):
-                    raise
-            if check_at is not None and (now := time.perf_counter()) >= check_at:
+    def run_items(self, seconds: float, early_s: float | None) -> None:
+        """Run items until time is up, ``max_items`` ran, the input ends, an item raises, or the figures are decisive."""
+        fn, star, results = self.fn, self.star, self.results
+        clock = time.perf_counter
+        deadline = clock() + seconds
+        check_at = None if early_s is None else deadline - seconds + early_s
+        while len(results) < self.max_items and (now := clock()) < deadline:
+            if check_at is not None and now >= check_at:
                 if self.sampler.decisive():
                     return
                 check_at = now + 0.002
-
-    def helper(self) -> None:
-        """A helper thread's loop: its items, then its own figures for the sampler."""
-        start, first, cpu = time.perf_counter(), sched_times(), time.thread_time()
-        try:
-            with running_user_code():
-                self.run_items()
-        except BaseException:  # recorded by run_items; a helper never raises
-            pass
-        last = sched_times()
-        queued = 0.0 if first is None or last is None else last[1] - first[1]
-        self.reports.append((time.perf_counter() - start, queued, time.thread_time() - cpu))
-
-    def result(self) -> Watched:
-        """The outcomes in input order up to the first failing item, and the measurement."""
-        self.sampler.items = self.next
-        profile = self.sampler.stop(self.reports)
-        end = self.next if self.error_at is None else self.error_at
-        results = [self.outcomes[i] for i in range(end)]
-        return Watched(results, self.error, self.exhausted, profile)
+            try:
+                item = next(self.inputs)
+            except StopIteration:
+                self.exhausted = True
+                return
+            except BaseException as exc:  # reading the input failed: at its position
+                self.error = exc
+                return
+            try:
+                results.append(fn(*item) if star else fn(item))
+            except BaseException as exc:
+                self.error = exc
+                if not isinstance(exc, Exception):
+                    raise
+                return
 
 
 def watch(
@@ -679,16 +610,14 @@ def watch(
     *,
     seconds: float = GIL_PROBE_S,
     max_items: int = 20_000,
-    threads: int = WATCH_THREADS,
     decided_s: float | None = GIL_DECIDED_S,
 ) -> Watched:
-    """Run items of a map on ``threads`` threads for ``seconds`` while sampling the GIL.
+    """Run the first items of a map in the calling thread for ``seconds`` while sampling the GIL.
 
-    The calling thread runs items too; the others are joined before this
-    returns. Each thread takes the next item when it finishes one, until the
-    time is up, ``max_items`` were taken, the input runs out, or an item
-    raises (the items already taken still finish). Every item taken before
-    the first failing one has its result in ``Watched.results``.
+    Items run one after another until the time is up, ``max_items`` ran,
+    the input runs out, or an item (or reading the input) raises. Every
+    item before the first failing one has its result in
+    ``Watched.results``; nothing taken from ``inputs`` is lost.
 
     Args:
         fn: the callable.
@@ -697,30 +626,22 @@ def watch(
         star: whether each input is a tuple of arguments.
         seconds: how long to keep taking items.
         max_items: most items to take.
-        threads: threads running items, the calling thread included (>= 1).
-        decided_s: with one thread, seconds after which the watch ends as
-            soon as its figures are decisive (:meth:`GilSampler.decisive`,
-            checked at most every 2 ms, between items); None: never early.
+        decided_s: seconds after which the watch ends as soon as its figures
+            are decisive (:meth:`GilSampler.decisive`, checked at most every
+            2 ms, between items); None: never early.
 
     Returns:
         A :class:`Watched`.
+
+    Raises:
+        BaseException: an item's exception that is not an ``Exception``
+            (``KeyboardInterrupt``, ``SystemExit``), after the sampler stopped.
     """
-    early_s = None if decided_s is None or threads > 1 else decided_s
-    run = _Watch(fn, inputs, star, max_items, seconds, early_s)
-    helpers = [
-        threading.Thread(target=run.helper, name="smartexec-gil-watch", daemon=True)
-        for _ in range(max(0, threads - 1))
-    ]
+    run = _Watch(fn, inputs, star, max_items)
     run.sampler.start()
     try:
-        for thread in helpers:
-            thread.start()
-        run.run_items()
-        for thread in helpers:
-            thread.join()
-    except BaseException:
-        with run.lock:
-            run.stop = True
-        run.sampler.stop()
-        raise
-    return run.result()
+        run.run_items(seconds, decided_s)
+    finally:
+        run.sampler.items = len(run.results)
+        profile = run.sampler.stop()
+    return Watched(run.results, run.error, run.exhausted, profile)

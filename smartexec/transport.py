@@ -275,7 +275,8 @@ def _check_parent(owner: int | None) -> None:
         os._exit(0)
 
 
-#: Seconds between an idle loky worker's checks that its parent is alive.
+#: Seconds between an idle worker's checks that its parent is alive (loky's
+#: and fork's; one ``getppid()`` or ``kill(pid, 0)`` a check).
 PARENT_CHECK_S = 1.0
 
 

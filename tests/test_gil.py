@@ -17,21 +17,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize(
-    ("cpu", "held", "threads", "kind"),
+    ("cpu", "held", "kind"),
     [
-        (0.0, 0.0, 1, "waits"),
-        (CPU_SHARE_WAITS - 0.01, 0.9, 2, "waits"),  # mostly off the CPU: threads overlap it
-        (1.0, 0.0, 2, "releases"),
-        (1.0, GIL_SHARE_HOLDS - 0.01, 1, "releases"),
-        (1.0, GIL_SHARE_HOLDS, 1, "holds"),
-        (1.0, 2 * GIL_SHARE_HOLDS - 0.01, 2, "releases"),  # two threads: twice the share
-        (1.0, 2 * GIL_SHARE_HOLDS, 2, "holds"),
-        (1.0, 0.9, 8, "holds"),  # the GIL is never held more than all the time
-        (CPU_SHARE_WAITS, 1.0, 1, "holds"),
+        (0.0, 0.0, "waits"),
+        (CPU_SHARE_WAITS - 0.01, 0.9, "waits"),  # mostly off the CPU: threads overlap it
+        (1.0, 0.0, "releases"),
+        (1.0, GIL_SHARE_HOLDS - 0.01, "releases"),
+        (1.0, GIL_SHARE_HOLDS, "holds"),
+        (CPU_SHARE_WAITS, 1.0, "holds"),
     ],
 )
-def test_classify(cpu, held, threads, kind):
-    assert classify(cpu, held, threads) == kind
+def test_classify(cpu, held, kind):
+    assert classify(cpu, held) == kind
 
 
 def _watch(work, seconds=0.06):
@@ -408,12 +405,11 @@ def test_str_states_the_figures_and_the_meaning():
     assert "the GIL held 87%" in text and "threads would take turns" in text
 
 
-def test_watch_keeps_results_in_order_and_joins_its_threads():
+def test_watch_keeps_results_in_order_and_loses_no_item():
     items = iter(range(1000))
-    watched = gil.watch(lambda x: (time.sleep(0.001), x)[1], items, False, seconds=0.05, threads=2)
+    watched = gil.watch(lambda x: (time.sleep(0.001), x)[1], items, False, seconds=0.05)
     assert watched.results == list(range(len(watched.results)))
     assert watched.error is None and not watched.exhausted
-    assert watched.profile.threads == 2
     assert watched.profile.kind == "waits"
     assert next(items) == len(watched.results)  # nothing taken was lost
     assert not [t for t in threading.enumerate() if t.name.startswith("smartexec-gil")]
@@ -421,14 +417,34 @@ def test_watch_keeps_results_in_order_and_joins_its_threads():
 
 def test_watch_stops_at_the_first_failing_item_by_position():
     def fail_at_7(x):
-        time.sleep(0.002)
         if x == 7:
             raise ValueError(x)
         return x
 
-    watched = gil.watch(fail_at_7, iter(range(100)), False, seconds=5, threads=2)
+    items = iter(range(100))
+    watched = gil.watch(fail_at_7, items, False, seconds=5)
     assert watched.results == list(range(7))
     assert isinstance(watched.error, ValueError)
+    assert next(items) == 8  # the failing item was taken; nothing after it
+
+
+def test_watch_records_a_failing_input_at_its_position():
+    def reading():
+        yield 1
+        yield 2
+        raise OSError("the input broke")
+
+    watched = gil.watch(abs, reading(), False, seconds=5)
+    assert watched.results == [1, 2] and isinstance(watched.error, OSError)
+
+
+def test_watch_raises_a_keyboard_interrupt_and_stops_its_sampler():
+    def interrupted(x):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        gil.watch(interrupted, iter(range(3)), False, seconds=5)
+    assert not [t for t in threading.enumerate() if t.name.startswith("smartexec-gil")]
 
 
 def test_watch_sees_the_end_of_the_input_and_star_arguments():

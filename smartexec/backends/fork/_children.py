@@ -28,10 +28,8 @@ from ..._blas import (
     controller_for_fork,
 )
 from ..._system import mark_worker_process
+from ...transport import PARENT_CHECK_S
 
-#: Seconds between a worker's checks that its parent is still alive. Only an
-#: idle worker checks; the cost is one getppid() call per interval.
-PARENT_CHECK_S = 1.0
 #: Seconds a worker gets to exit after being asked before it is killed.
 STOP_TIMEOUT_S = 2.0
 

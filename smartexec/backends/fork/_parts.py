@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ..._remote import ChunkResult
-from ..._sender import pause_senders
+from ..._sender import PAUSE_TIMEOUT_S, pause_senders
 
 if TYPE_CHECKING:
     from ._pool import _ForkPool
@@ -81,10 +81,6 @@ GROW_BLIND_S = 0.002
 #: Largest request sent to a worker before the zygote has reported its fork
 #: (a pipe holds 64 KiB on Linux; a bigger write would block the dispatcher).
 PRESEND_MAX_BYTES = 32 * 1024
-
-#: Seconds to wait for a dispatcher to pause (it may be running a future's
-#: done-callback, user code that may wait on us); past it, the fork goes on.
-PAUSE_TIMEOUT_S = 0.5
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from ..._diagnose import (
     task_unpickling_error,
 )
 from ..._remote import ChunkResult
+from ..._sender import PAUSE_TIMEOUT_S
 from ...errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from .._base import forced_by, next_ready
 from ._children import (
@@ -40,7 +41,6 @@ from ._parts import (
     GROW_BLIND_S,
     GROW_WORK_S,
     MAX_WAIT_S,
-    PAUSE_TIMEOUT_S,
     PRESEND_MAX_BYTES,
     _Poller,
     _Task,
