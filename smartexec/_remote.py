@@ -39,8 +39,6 @@ __all__ = [
     "remote_exception",
     "dumps",
     "loads",
-    "dumps_reply",
-    "loads_reply",
     "picklable_outcomes",
 ]
 
@@ -617,54 +615,3 @@ def picklable_outcomes(
         else:
             outcomes.append((ok, value))
     return result._replace(outcomes=outcomes)
-
-
-def dumps_reply(result: ChunkResult | None, error: BaseException | None = None) -> bytes:
-    """Pickle a worker's reply for :func:`loads_reply`: a chunk's result, or why it could not run.
-
-    Args:
-        result: the chunk's outcomes (from :func:`run_chunk` with
-            ``remote=True``), or None when ``error`` is given.
-        error: an exception raised *around* the chunk (its payload could not
-            be unpickled in the worker), or None.
-
-    Returns:
-        The bytes; a result that cannot be pickled as a whole is sent with
-        each unpicklable value replaced (:func:`picklable_outcomes`).
-    """
-    if error is not None:
-        return dumps(("error", remote_exception(error)))
-    assert result is not None
-    try:
-        return dumps(("ok", result))
-    except BaseException:
-        return dumps(("ok", picklable_outcomes(result)))
-
-
-def loads_reply(data: bytes, name: str = "a chunk") -> ChunkResult:
-    """Unpickle bytes made by :func:`dumps_reply` in a worker.
-
-    Args:
-        data: the reply.
-        name: what ran, for the message when the reply cannot be unpickled,
-            e.g. ``"Index.query()"``.
-
-    Returns:
-        The chunk's :class:`ChunkResult`.
-
-    Raises:
-        BaseException: the error the worker sent instead of a result (with
-            its traceback text as ``__cause__``).
-        RemoteError: the reply could not be unpickled here (chained from the
-            unpickler's error).
-    """
-    try:
-        status, value = loads(data)
-    except BaseException as exc:
-        raise RemoteError(
-            type(exc).__qualname__,
-            f"the reply for {name} could not be unpickled in this process: {exc}",
-        ) from exc
-    if status != "ok":
-        raise value
-    return value  # type: ignore[no-any-return]

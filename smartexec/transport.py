@@ -51,6 +51,7 @@ from typing import Any
 import cloudpickle
 
 from . import _remote, _shm
+from ._diagnose import reply_unpickling_error, task_unpickling_error
 from ._object_cache import _OBJECTS, CachedCallable, Lease, ObjectCache, _prune
 from ._remote import (
     Call,
@@ -78,6 +79,8 @@ __all__ = [
     "dumps_request",
     "loads_reply",
     "loads_request",
+    "read_reply",
+    "REPLY_MEMORY",
     "serve_request",
     "sweep_dead_workers",
 ]
@@ -173,37 +176,102 @@ def loads_request(data: bytes) -> Any:
     return fn, unpack_calls(calls), budget_s
 
 
-def dumps_reply(reply: Any, owner: int | None = None, *, named_ok: bool = True) -> bytes:
-    """Pickle a worker's reply for its parent; big buffers go to new segments.
+#: Where a reply's big buffers may go: ``"shared"`` (shared memory, named or
+#: anonymous), ``"anonymous"`` (anonymous memory only, else in band: a fork
+#: worker's, see :func:`serve_request`), ``"none"`` (in band: a worker on
+#: another machine, dask's or a plugin's).
+REPLY_MEMORY = ("shared", "anonymous", "none")
+
+
+def dumps_reply(
+    result: ChunkResult | None,
+    error: BaseException | None = None,
+    *,
+    owner: int | None = None,
+    memory: str = "none",
+) -> bytes:
+    """Pickle a worker's reply for :func:`loads_reply`: a chunk's result, or why it could not run.
+
+    The one reply format of every process backend (fork, loky, dask, a
+    plugin's).
 
     Args:
-        reply: what to send.
-        owner: the pid the segments are made for (default: the parent,
-            ``os.getppid()``; a fork worker's parent is its pool's zygote,
-            so the fork backend passes the executor's pid), which unlinks
-            them in :func:`loads_reply`.
-        named_ok: False sends big buffers in band where anonymous memory
-            cannot be used, rather than in named segments.
+        result: the chunk's outcomes (from :func:`~smartexec._remote.run_chunk`
+            with ``remote=True``), or None when ``error`` is given.
+        error: an exception raised *around* the chunk (its request could not
+            be unpickled in the worker), or None.
+        owner: the pid big buffers' segments are made for (default: the
+            parent, ``os.getppid()``; a fork worker's parent is its pool's
+            zygote, so the fork backend passes the executor's pid), which
+            unlinks them in :func:`loads_reply`.
+        memory: where big buffers may go, one of :data:`REPLY_MEMORY`;
+            the default, ``"none"``, suits a worker on any machine.
 
     Returns:
-        The bytes for :func:`loads_reply`.
+        The bytes; a result that cannot be pickled as a whole is sent with
+        each unpicklable value replaced
+        (:func:`~smartexec._remote.picklable_outcomes`).
     """
-    encoder = _Encoder(owner=os.getppid() if owner is None else owner, named_ok=named_ok)
+    if error is not None:
+        return _reply_bytes(("error", remote_exception(error)), owner, memory)
+    assert result is not None
+    try:
+        return _reply_bytes(("ok", result), owner, memory)
+    except BaseException:
+        return _reply_bytes(("ok", picklable_outcomes(result)), owner, memory)
+
+
+def _reply_bytes(reply: tuple[str, Any], owner: int | None, memory: str) -> bytes:
+    if memory == "none":
+        encoder = _Encoder(owner=None, threshold=1 << 62)
+    else:
+        owner = os.getppid() if owner is None else owner
+        encoder = _Encoder(owner=owner, named_ok=memory == "shared")
     return _encode(reply, encoder)
 
 
-def loads_reply(data: bytes) -> Any:
-    """Unpickle a reply in the parent; its segments are mapped, then unlinked.
+def read_reply(data: bytes, name: str = "a chunk", backend: str = "a") -> tuple[bool, Any]:
+    """Unpickle a reply from :func:`dumps_reply`; its segments are mapped, then unlinked.
 
+    Never raises: the errors are returned, their tracebacks free of this
+    process's frames (a future that holds one must not keep a pool alive).
     A worker that could not open this process's memory (its request failed
     with :class:`~smartexec._shm.PeerAccessError`) switches this process to
     named segments (:func:`smartexec._shm.use_named`): only that call failed.
+
+    Args:
+        data: the reply's bytes.
+        name: what ran, for the messages, e.g. ``"Index.query()"``.
+        backend: the backend's name, for the messages, e.g. ``"fork"``.
+
+    Returns:
+        ``(True, ChunkResult)``, or ``(False, error)``: a
+        :class:`~smartexec.errors.WorkerProtocolError` with ``stage ==
+        "task"`` (the worker could not unpickle the request) or ``"reply"``
+        (this process could not unpickle the reply), the original error as
+        its ``__cause__``.
     """
-    reply = _decode(data, private=False, adopt=True)
-    if type(reply) is tuple and reply[:1] == ("error",) and len(reply) == 2:
-        if _caused_by(reply[1], _shm.PeerAccessError):
-            _shm.use_named()
-    return reply
+    try:
+        status, value = _decode(data, private=False, adopt=True)
+    except BaseException as exc:  # SystemExit from a __reduce__ included
+        return False, reply_unpickling_error(name, exc, backend)
+    if status == "ok":
+        return True, value
+    if _caused_by(value, _shm.PeerAccessError):
+        _shm.use_named()
+    return False, task_unpickling_error(name, value, backend)
+
+
+def loads_reply(data: bytes, name: str = "a chunk", backend: str = "a") -> ChunkResult:
+    """:func:`read_reply`'s result, or its error raised.
+
+    Raises:
+        WorkerProtocolError: see :func:`read_reply`.
+    """
+    ok, value = read_reply(data, name, backend)
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _caused_by(exc: Any, kind: type[BaseException]) -> bool:
@@ -301,8 +369,8 @@ def _watch_parent(parent: int) -> None:
 def serve_request(data: bytes, owner: int | None = None) -> bytes:
     """Run one request in a worker and return the reply's bytes.
 
-    The reply unpickles (:func:`loads_reply`) to ``("ok", ChunkResult)`` or
-    ``("error", exception)`` when the request itself could not be unpickled.
+    The reply (:func:`dumps_reply`) carries the chunk's result, or the
+    error that kept the request from being unpickled.
     Used by the loky backend and the fork backend's worker loop.
 
     Args:
@@ -319,25 +387,19 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     """
     _check_parent(owner)
     _shm.release_acknowledged()  # the parent has mapped our last replies by now
-    result: ChunkResult | None = None
+    memory = "shared" if owner is None else "anonymous"
     try:
         fn, chunk, budget_s = _decode(data, private=True, adopt=False)  # calls still packed
     except BaseException as exc:
-        reply: tuple[str, Any] = ("error", remote_exception(exc))
-    else:
-        del data
-        # Each call gets its own arguments and gives back its own result, as
-        # one pickled per call would (ProcessPoolExecutor, chunksize=1).
-        result = separate_outcomes(run_chunk(fn, own_arguments(chunk), True, budget_s))
-        reply = ("ok", result)
-        del fn, chunk
+        _check_parent(owner)
+        return dumps_reply(None, exc, owner=owner, memory=memory)
+    del data
+    # Each call gets its own arguments and gives back its own result, as
+    # one pickled per call would (ProcessPoolExecutor, chunksize=1).
+    result = separate_outcomes(run_chunk(fn, own_arguments(chunk), True, budget_s))
+    del fn, chunk
     _check_parent(owner)
-    named_ok = owner is None
-    try:
-        return dumps_reply(reply, owner, named_ok=named_ok)
-    except BaseException:
-        assert result is not None
-        return dumps_reply(("ok", picklable_outcomes(result)), owner, named_ok=named_ok)
+    return dumps_reply(result, owner=owner, memory=memory)
 
 
 # -- objects sent once -----------------------------------------------------------

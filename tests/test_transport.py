@@ -19,6 +19,7 @@ import pytest
 
 from smartexec import SmartExecutor, _object_cache, _shm, _wire, transport
 from smartexec._remote import ChunkResult
+from smartexec.errors import WorkerProtocolError
 
 pytestmark = pytest.mark.timeout(60)  # one test forks a child
 
@@ -116,7 +117,7 @@ def test_a_reply_nobody_will_read_is_let_go_without_unpickling(monkeypatch):
     if not _shm.anonymous():
         pytest.skip("no memfd_create or /proc here")
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
-    data = transport.dumps_reply(("ok", ChunkResult([(True, np.ones(BIG // 8))], 0.0)))
+    data = transport.dumps_reply(ChunkResult([(True, np.ones(BIG // 8))], 0.0), memory="shared")
     assert len(ours()) == 1
     run_elsewhere(  # the parent of a cancelled chunk
         f"from smartexec import transport; transport.discard_reply({data!r})"
@@ -223,13 +224,12 @@ def test_reply_segments_are_unlinked_once_read(monkeypatch, mode):
     # a reply is made for the worker's parent: here, pretend to be our own worker
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
     result = np.arange(BIG // 8 + 1, dtype=np.float64)
-    data = transport.dumps_reply(("ok", ChunkResult([(True, result)], 0.0)))
+    data = transport.dumps_reply(ChunkResult([(True, result)], 0.0), memory="shared")
     made = ours()
     assert len(made) == 1
     assert (f"_w{os.getpid()}_" if mode == "named" else f"fd:{os.getpid()}:") in made.pop()
-    status, value = transport.loads_reply(data)
-    got = value.outcomes[0][1]
-    assert status == "ok" and np.array_equal(got, result) and got.flags.writeable
+    got = transport.loads_reply(data).outcomes[0][1]
+    assert np.array_equal(got, result) and got.flags.writeable
     _shm.release_acknowledged()  # the worker's next request does this
     assert ours() == set()
 
@@ -651,10 +651,9 @@ def test_calls_travel_packed_and_run_as_sent(calls):
         fn, got, budget = transport.loads_request(data)
         assert got == calls and budget is None
         assert unpack_calls(packed) == calls
-        status, result = transport.loads_reply(transport.serve_request(data))
+        result = transport.loads_reply(transport.serve_request(data))
     finally:
         lease.release()
-    assert status == "ok"
     assert result.outcomes == [(True, _pair(*args, **kwargs)) for args, kwargs in calls]
     assert run_chunk(_pair, packed).outcomes == result.outcomes
 
@@ -791,14 +790,12 @@ def test_memory_hidden_by_proc_switches_this_process_to_named_segments(monkeypat
 
 
 def test_a_worker_that_cannot_open_our_memory_switches_us_to_named_segments(monkeypatch):
-    from smartexec._remote import remote_exception
-
     monkeypatch.setattr(_shm, "_denied", False, raising=False)
     monkeypatch.setattr(transport.os, "getppid", os.getpid)
     hidden = _shm.PeerAccessError(13, "cannot open shared memory fd:1:2:3")
-    reply = transport.dumps_reply(("error", remote_exception(hidden)))
-    status, error = transport.loads_reply(reply)
-    assert status == "error" and isinstance(error, PermissionError)
+    ok, error = transport.read_reply(transport.dumps_reply(None, hidden), "f", "fork")
+    assert not ok and isinstance(error, WorkerProtocolError) and error.stage == "task"
+    assert isinstance(error.__cause__, PermissionError)
     assert _shm.denied() and not _shm.anonymous()
 
 
@@ -849,8 +846,7 @@ def test_a_fork_workers_big_result_travels_in_band_on_named_memory(named):
     finally:
         lease.release()
     assert ours() == set() and len(reply) > BIG
-    status, result = transport.loads_reply(reply)
-    assert status == "ok" and result.outcomes[0][1].sum() == BIG // 8
+    assert transport.loads_reply(reply).outcomes[0][1].sum() == BIG // 8
 
 
 def test_a_worker_unlinks_the_results_its_dead_owner_never_read(named):
@@ -924,3 +920,29 @@ def test_a_map_marks_its_chunks_own_only_for_an_argument_writer():
 
     assert effects_of(_shift).writes_arguments()
     assert not effects_of(np.sum).writes_arguments()
+
+
+def test_a_reply_for_another_machine_carries_big_buffers_in_band(monkeypatch):
+    """memory="none" (dask's, a plugin's default): no segment is made, the reply stands alone."""
+    monkeypatch.setattr(transport.os, "getppid", os.getpid)
+    data = transport.dumps_reply(ChunkResult([(True, np.ones(BIG // 8))], 0.0))
+    assert ours() == set() and len(data) > BIG
+    assert transport.loads_reply(data, "f", "dask").outcomes[0][1].sum() == BIG // 8
+
+
+class _Unloadable:
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise ImportError("no module named 'gone' here")
+
+
+def test_a_reply_that_cannot_be_unpickled_here_is_a_worker_protocol_error():
+    data = transport.dumps_reply(ChunkResult([(True, _Unloadable())], 0.0))
+    ok, error = transport.read_reply(data, "f", "dask")
+    assert not ok and isinstance(error, WorkerProtocolError) and error.stage == "reply"
+    assert "result of f() came back from a dask worker" in str(error)
+    with pytest.raises(WorkerProtocolError):
+        transport.loads_reply(data)

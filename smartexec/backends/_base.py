@@ -21,7 +21,7 @@ Life of a backend, as ``SmartExecutor`` drives it::
 Built-in backends and third-party plugins implement exactly this class and are
 found through the same registry (:mod:`smartexec.registry`). A worker process
 runs :func:`smartexec._remote.run_chunk` and, when its reply crosses a process
-boundary, :func:`smartexec._remote.dumps_reply` / ``loads_reply``.
+boundary, :func:`smartexec.transport.dumps_reply` / ``loads_reply``.
 """
 
 from __future__ import annotations

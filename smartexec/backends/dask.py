@@ -56,9 +56,10 @@ except ImportError as exc:  # the registry adds the install hint
 
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
-from .._remote import Call, ChunkResult, dumps, dumps_reply, loads, loads_reply, run_chunk
+from .._remote import Call, ChunkResult, dumps, loads, run_chunk
 from ..inspection import callable_name, format_bytes, inspect_callable
 from ..policy import BIG_STATE_BYTES
+from ..transport import dumps_reply, read_reply
 from ._base import Backend
 
 __all__ = ["DaskBackend", "smartexec_chunk", "SCATTER_BYTES"]
@@ -101,7 +102,7 @@ def smartexec_chunk(fn: Any, payload: bytes, *scattered: Any) -> bytes:
         *scattered: the worker's copies of the scattered arguments.
 
     Returns:
-        :func:`smartexec._remote.dumps_reply` bytes: the chunk's outcomes,
+        :func:`smartexec.transport.dumps_reply` bytes: the chunk's outcomes,
         or the error that kept it from running (e.g. a module the worker
         cannot import).
     """
@@ -476,7 +477,7 @@ class DaskBackend(Backend):
         outer: cf.Future[ChunkResult] = cf.Future()
         with self._pending_lock:
             self._pending[outer] = inner
-        name = f"{callable_name(user_fn)}()"
+        name = callable_name(user_fn)
         # outer refers to inner weakly: once the result is transferred, nothing
         # holds Dask's future, so the cluster frees the chunk's reply at once.
         inner_ref = weakref.ref(inner)
@@ -501,12 +502,11 @@ class DaskBackend(Backend):
         if error is not None:
             outer.set_exception(error)
             return
-        try:
-            result = loads_reply(inner.result(), name)
-        except BaseException as exc:
-            outer.set_exception(exc)
+        ok, value = read_reply(inner.result(), name, "dask")
+        if ok:
+            outer.set_result(value)
         else:
-            outer.set_result(result)
+            outer.set_exception(value)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """See :meth:`Backend.shutdown`.

@@ -47,8 +47,6 @@ from .._blas import thread_env, threads_per_worker
 from .._diagnose import (
     detach_traceback,
     fail_on_pickling,
-    reply_unpickling_error,
-    task_unpickling_error,
 )
 from .._futures import ChainedFuture
 from .._remote import Call, ChunkResult, copy_calls
@@ -135,15 +133,11 @@ class _ReplyFuture(ChainedFuture):
         if error is not None:
             self.set_exception(_crash_error(error, self._name))
             return
-        try:
-            status, value = transport.loads_reply(inner.result())
-        except BaseException as exc:  # SystemExit from a __reduce__ included
-            self.set_exception(reply_unpickling_error(self._name, exc, "loky"))
-            return
-        if status == "ok":
+        ok, value = transport.read_reply(inner.result(), self._name, "loky")
+        if ok:
             self.set_result(value)
-        else:  # the worker could not unpickle the request
-            self.set_exception(task_unpickling_error(self._name, value, "loky"))
+        else:
+            self.set_exception(value)
 
 
 def _crash_error(error: BaseException, name: str) -> BaseException:

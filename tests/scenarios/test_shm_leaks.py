@@ -117,25 +117,25 @@ def test_a_sigkilled_worker_leaves_no_segment(backend):
 def test_a_reply_whose_segment_vanished_fails_only_its_chunk(monkeypatch):
     from smartexec import transport
 
-    real = transport.loads_reply
+    real = transport.read_reply
 
-    def lose_segments(data):
+    def lose_segments(data, *args):
         def gone(name, nbytes, *, private):
             raise FileNotFoundError(f"shared memory {name} is gone")
 
         monkeypatch.setattr(transport._shm, "attach", gone)
         try:
-            return real(data)
+            return real(data, *args)
         finally:
             monkeypatch.setattr(transport._shm, "attach", attach)
 
     attach = transport._shm.attach
-    monkeypatch.setattr(transport, "loads_reply", lose_segments)
+    monkeypatch.setattr(transport, "read_reply", lose_segments)
     with SmartExecutor(2, backend="fork") as ex:
         error = ex.submit(np.ones, 2 * MiB // 8).exception(timeout=60)
         # What ProcessPoolExecutor reports for a reply it cannot unpickle.
         assert isinstance(error, WorkerProtocolError) and "could not be unpickled" in str(error)
-        monkeypatch.setattr(transport, "loads_reply", real)
+        monkeypatch.setattr(transport, "read_reply", real)
         assert ex.submit(total, np.ones(10)).result(timeout=60) == 10.0
 
 
@@ -527,19 +527,19 @@ from smartexec import SmartExecutor, _shm, transport
 from tests.scenarios.test_shm_leaks import big_result
 
 print(os.getpid(), _shm.anonymous(), flush=True)
-read = transport.loads_reply
+read = transport.read_reply
 replies = 0
 
-def killed_at_the_third_reply(data):
+def killed_at_the_third_reply(data, *args):
     # SIGKILL while this process holds unread replies: deterministic, where a
     # kill from outside lands between replies or not as it happens to.
     global replies
     replies += 1
     if replies == 3:
         os.kill(os.getpid(), signal.SIGKILL)
-    return read(data)
+    return read(data, *args)
 
-transport.loads_reply = killed_at_the_third_reply
+transport.read_reply = killed_at_the_third_reply
 ex = SmartExecutor(2, backend={backend!r})
 for value in ex.map(big_result, range(40), [0.0] * 40, chunksize=1):  # 2 MiB each
     pass

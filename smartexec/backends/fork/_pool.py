@@ -19,10 +19,6 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from ... import _initializer, transport
-from ..._diagnose import (
-    reply_unpickling_error,
-    task_unpickling_error,
-)
 from ..._remote import ChunkResult
 from ..._sender import PAUSE_TIMEOUT_S
 from ...errors import InitializerError, TaskTimeoutError, WorkerCrashedError
@@ -692,21 +688,14 @@ class _ForkPool:
 
     def _complete(self, task: _Task, data: bytes) -> None:
         """Unpickle a chunk's reply and set its future (its callbacks run here)."""
-        try:
-            status, value = transport.loads_reply(data)
-        except BaseException as exc:  # SystemExit from a __reduce__ included
-            task.future.set_exception(reply_unpickling_error(task.name, exc, "fork"))
+        ok, value = transport.read_reply(data, task.name, "fork")
+        if ok:
+            self._work_s += value.compute_s
+            self._chunks_done += 1
+            task.future.set_result(value)
         else:
-            if status == "ok":
-                compute_s = getattr(value, "compute_s", None)
-                if isinstance(compute_s, float):
-                    self._work_s += compute_s
-                    self._chunks_done += 1
-                task.future.set_result(value)
-            else:  # the worker could not unpickle the request
-                task.future.set_exception(task_unpickling_error(task.name, value, "fork"))
-            del value
-        del task, data
+            task.future.set_exception(value)
+        del task, data, value
 
     def _bury(self, worker: _Worker, exitcode: int | None) -> None:
         self._workers.remove(worker)
