@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ._threads import own_thread
+
 __all__ = ["Deadline", "call_later"]
 
 
@@ -50,9 +52,7 @@ class _Schedule:
         with self.lock:
             heapq.heappush(self.heap, (deadline.due, next(self.order), deadline))
             if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self.run, name="smartexec-deadline", daemon=True
-                )
+                self.thread = own_thread(self.run, "smartexec-deadline")
                 self.thread.start()
             elif self.heap[0][2] is deadline:
                 self.wake.notify()

@@ -221,9 +221,8 @@ class MapRun:
         self.route()
         ex, backend = self.ex, self.backend
         if backend.synchronous:
-            initialize = getattr(backend, "initialize", None)
-            if initialize is not None and self.nested is None:
-                initialize()  # backend="inline" runs the initializer in this thread
+            if self.nested is None:
+                backend.initialize()  # backend="inline" runs the initializer in this thread
             return lazy_inline(self.in_caller(), self.inputs, ex._stats.inline)
         # Items of a callable whose effects would reach this thread's state
         # (process state, its arguments) never run here (policy.permits).

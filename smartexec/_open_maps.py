@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Sequence
 
 from ._chunk_stream import ChunkStream
+from ._threads import is_ours
 from .backends._base import Backend
 
 __all__ = ["OpenMaps", "completes_futures", "finish"]
@@ -137,9 +138,9 @@ def completes_futures(backends: Sequence[Backend]) -> bool:
     come through this very thread, and it would wait forever.
     """
     thread = threading.current_thread()
-    if thread.name.startswith("smartexec-") or type(thread).__name__ == "_ExecutorManagerThread":
+    if is_ours(thread) or type(thread).__name__ == "_ExecutorManagerThread":
         return True
-    return any(getattr(backend, "runs_this_thread", bool)() for backend in backends)
+    return any(backend.runs_this_thread() for backend in backends)
 
 
 def _release(backends: dict[str, Backend], streams: weakref.WeakSet[ChunkStream]) -> None:

@@ -121,14 +121,11 @@ class RoutedMap:
         # chunks, and whether the machine had cores to spare meanwhile. Not
         # the process's CPU: other threads (a BLAS pool still spinning, the
         # program's own) would count.
-        self.threads_cpu = getattr(backend, "threads_cpu_s", None)
-        self.threads_wanted = getattr(backend, "threads_wanted_s", None)
-        self.threads_busy = getattr(backend, "threads_busy_s", None)
-        self.machine_idle = getattr(backend, "machine_idle_s", None)
+        self.clocks = backend.pool_clocks()
         # (time, the pool threads' CPU, time, runnable s, busy s, idle s) at the first reading
         self.started_at: list[Any] = []
         self.read_at = 0.0  # perf_counter() of the last reading of the pool threads' clocks
-        self.evidence.on_threads = backend.shares_memory and self.threads_cpu is not None
+        self.evidence.on_threads = backend.shares_memory and self.clocks is not None
         self.stream: ChunkStream | None = None
         self.relay: Relay | None = None
 
@@ -242,26 +239,22 @@ class RoutedMap:
         """Read the pool threads' CPU, runnable and busy seconds and the machine's idle time."""
         evidence, started_at = self.evidence, self.started_at
         self.read_at = time.perf_counter()
-        assert self.threads_cpu is not None
-        cpu = self.threads_cpu()  # the CPU clocks: read with the GIL held throughout
+        clocks = self.clocks
+        assert clocks is not None
+        cpu = clocks.threads_cpu_s()  # the CPU clocks: read with the GIL held throughout
         now = time.perf_counter()
         # The runnable seconds come from /proc reads that let go of the GIL:
         # getting it back waits behind threads that hold it (5 ms a switch),
         # so they get a clock of their own. Timed after them, the CPU seconds
         # of 6 GIL-holding threads read 1.4 cores (it moved such a map to
         # threads' verdict "releases").
-        wanted = self.threads_wanted() if self.threads_wanted is not None else None
-        busy = self.threads_busy() if self.threads_busy is not None else None
+        wanted, busy = clocks.threads_wanted_s(), clocks.threads_busy_s()
         # In ticks of 10 ms: read no more often (each read lets go of the GIL).
         idle = None
-        if self.machine_idle is not None and (
-            not started_at
-            or (
-                started_at[5] is not None
-                and now - started_at[2] - evidence.idle_wall_s >= IDLE_TICK_S
-            )
+        if not started_at or (
+            started_at[5] is not None and now - started_at[2] - evidence.idle_wall_s >= IDLE_TICK_S
         ):
-            idle = self.machine_idle()
+            idle = clocks.machine_idle_s()
         wanted_now = time.perf_counter()
         if cpu is None:
             return  # no pool threads alive just now: read it at the next result
@@ -579,13 +572,12 @@ def open_stream(
     with ex._lock:
         ex._ensure_open()
         target = backend.prepare(fn, decision.share)
-        unclocked = getattr(backend, "unclocked", None)
-        plain = target if unclocked is None else unclocked(target)
+        plain = backend.unclocked(target)
         ex._started.add(backend.name)
         # max_tasks_per_child: a chunk holds at most that many calls, so a
         # fresh worker can always take it (the stream re-sends the rest,
         # as it does for a chunk stopped by its budget).
-        cap: int | None = getattr(backend, "max_tasks_per_child", None)
+        cap = backend.max_tasks_per_child
         stats = ex._stats  # the stream (held by map's results) must not hold self
         profile = decision.profile
         own = (

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import inspect
 import threading
 import warnings
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from .tuning import Estimate
 if TYPE_CHECKING:
     from ._chunk_stream import ChunkStream
 
-__all__ = ["Router", "ROUTE_SETTLE_S", "other_threads", "takes_timeouts"]
+__all__ = ["Router", "ROUTE_SETTLE_S", "other_threads"]
 
 
 def _earlier(fn: Callable[..., Any]) -> tuple[GilProfile | None, _profiles.StoredProfile | None]:
@@ -102,14 +101,6 @@ def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Dec
     if reason is None or decision.backend != "fork" or found.running:
         return decision
     return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
-
-
-def takes_timeouts(backend: Any) -> bool:
-    """Whether a backend's ``submit_chunk`` accepts ``timeout_s``."""
-    try:
-        return "timeout_s" in inspect.signature(backend.submit_chunk).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class Router:
@@ -253,7 +244,7 @@ class Router:
         in the calling thread, as a loop. Returns the logged decision, or
         None when the map is not nested so (hold ``self._lock``).
         """
-        if backend.name != "thread" or not getattr(backend, "runs_this_thread", bool)():
+        if backend.name != "thread" or not backend.runs_this_thread():
             return None
         nested = dataclasses.replace(
             decision,
@@ -346,7 +337,8 @@ class Router:
             return decision
         threads = other_threads()
         decision = stoppable(decision, self.platform, self.options, threads)
-        if takes_timeouts(get_backend_class(decision.backend)):
+        # A registered factory may be a plain function: it says nothing, so False.
+        if getattr(get_backend_class(decision.backend), "takes_timeouts", False):
             return decision
         if self.options.backend is not None:
             raise ValueError(

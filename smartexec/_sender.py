@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ._remote import Call, ChunkResult
+from ._threads import own_thread
 
 if TYPE_CHECKING:
     from .backends._base import Backend
@@ -168,7 +169,7 @@ class Sender:
     def _start(self) -> None:
         # Under the lock.
         if self._thread is None and self._jobs and not self._paused:
-            self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+            self._thread = own_thread(self._run, self._thread_name)
             self._thread.start()
 
     def _run(self) -> None:

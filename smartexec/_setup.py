@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._map_run import require_int as _require_int
-from ._router import takes_timeouts
 from ._system import current_platform
 from .backends._base import Backend
 from .errors import BackendUnavailableError
@@ -185,7 +184,7 @@ def check_forced_backend(backend: str | None, task_timeout: float | None) -> Non
     if backend is None:
         return
     factory = check_available(backend)
-    if task_timeout is not None and not takes_timeouts(factory):
+    if task_timeout is not None and not factory.takes_timeouts:
         raise ValueError(
             f"backend {backend!r} cannot stop or time out one task, so "
             f"task_timeout={task_timeout:g} cannot be honoured there; use "

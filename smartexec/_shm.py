@@ -76,6 +76,7 @@ import time
 from typing import Any
 
 from ._system import alive, deferred_interrupts
+from ._threads import own_thread
 
 __all__ = [
     "PREFIX",
@@ -347,9 +348,7 @@ def _start_releaser() -> None:
     """
     global _releaser
     if _releaser is None or not _releaser.is_alive():
-        _releaser = threading.Thread(
-            target=_release_while_held, name="smartexec-shm-release", daemon=True
-        )
+        _releaser = own_thread(_release_while_held, "smartexec-shm-release")
         _releaser.start()
 
 

@@ -50,6 +50,7 @@ from ._submit_learning import (
     send_ahead,
 )
 from ._system import interpreter_exiting
+from ._threads import is_ours, own_thread
 from .backends._base import Backend
 from .policy import Decision, permits
 from .stats import CallLog, StatsRecorder
@@ -195,8 +196,8 @@ class SubmitRoute:
             decision, learning = self.decision(fn, decision)
         backend = ex._backend(decision.backend)
         timeout_s = ex._task_timeout
-        run_call = getattr(backend, "submit_call", None) if timeout_s is None else None
-        if run_call is not None:
+        if backend.calls_directly and timeout_s is None:
+            run_call = backend.submit_call
             # The thread route: the pool's own future is the caller's, as
             # from a ThreadPoolExecutor (no chunk, no chain).
             record = self.call_recorder(backend)
@@ -424,11 +425,8 @@ class SubmitRoute:
                 # A thread of its own for many (the dispatcher completing
                 # this call would hand no chunk to an idle worker while it
                 # pickles them: 2,400 calls took it 0.9 s).
-                helper = threading.Thread(
-                    target=self.send_all_parked,
-                    args=(entry, going),
-                    name="smartexec-release",
-                    daemon=True,
+                helper = own_thread(
+                    functools.partial(self.send_all_parked, entry, going), "smartexec-release"
                 )
                 helper.start()
                 self.movers.append(helper.ident)  # type: ignore[arg-type]
@@ -533,7 +531,7 @@ class SubmitRoute:
         if parked:
             # Straight onto the pool's threads, as submit's thread route runs a call.
             submit_call = functools.partial(
-                thread.submit_call,  # type: ignore[attr-defined]
+                thread.submit_call,
                 on_done=self.call_recorder(thread),
             )
             for future, _send_it in parked:
@@ -670,7 +668,7 @@ class SubmitRoute:
         the one that completes calls), and never longer than
         :data:`PARKED_WAIT_S`.
         """
-        if interpreter_exiting() or threading.current_thread().name.startswith("smartexec-"):
+        if interpreter_exiting() or is_ours():
             return
 
         def settled() -> bool:

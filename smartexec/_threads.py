@@ -44,8 +44,10 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "IgnoredThread",
@@ -54,6 +56,9 @@ __all__ = [
     "forget_inherited_pools",
     "fork_warning_checked",
     "foreign_thread_ids",
+    "is_ours",
+    "mark_ours",
+    "own_thread",
     "running_user_code",
     "user_code_ends",
     "user_code_starts",
@@ -68,6 +73,29 @@ _USER_CODE: dict[int, int] = {}
 # A forked child has none of those threads (an ident may come back as another).
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_USER_CODE.clear)
+
+
+#: smartexec's own threads, known by object: a thread's name is no proof
+#: (anyone may name a thread "smartexec-..."). Pool threads add themselves as
+#: they start (:func:`mark_ours`); the others are made by :func:`own_thread`.
+_OURS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def own_thread(target: Any, name: str, *, daemon: bool = True) -> threading.Thread:
+    """A new thread of smartexec's (not started) running ``target()``, named ``name``."""
+    thread = threading.Thread(target=target, name=name, daemon=daemon)
+    _OURS.add(thread)
+    return thread
+
+
+def mark_ours() -> None:
+    """Count the calling thread as smartexec's own (a pool's thread, from its initializer)."""
+    _OURS.add(threading.current_thread())
+
+
+def is_ours(thread: threading.Thread | None = None) -> bool:
+    """Whether ``thread`` (default: the calling thread) is one of smartexec's own."""
+    return (threading.current_thread() if thread is None else thread) in _OURS
 
 
 def user_code_starts() -> int:
@@ -337,7 +365,7 @@ def _sort(
     ignored: list[IgnoredThread] = []
     own = busy_known = 0
     for thread in threads:
-        if thread.name.startswith("smartexec-"):
+        if thread in _OURS:
             if own_user_code and thread.ident in _USER_CODE:
                 running.append(f"{thread.name} (running your code)")
             else:

@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from ._identity import WeakCallable, identity_key
 from ._system import SchedReader, sched_times
-from ._threads import foreign_thread_ids
+from ._threads import foreign_thread_ids, is_ours, own_thread
 
 __all__ = [
     "GilKind",
@@ -271,7 +271,7 @@ def _others_cpu() -> dict[int, float] | None:
     times: dict[int, float] = {}
     for thread in threading.enumerate():
         tid = thread.native_id
-        if tid is None or tid == me or not thread.name.startswith("smartexec-"):
+        if tid is None or tid == me or not is_ours(thread):
             continue
         sched = sched_times(tid)
         if sched is None:
@@ -355,7 +355,7 @@ class GilSampler:
                 not begun yet (a worker's chunk); False counts the start,
                 delayed by a measured thread that holds the GIL, as held GIL.
         """
-        self._thread = threading.Thread(target=self._sample, name="smartexec-gil", daemon=True)
+        self._thread = own_thread(self._sample, "smartexec-gil")
         if settle:
             self._running = threading.Event()
             self._thread.start()
@@ -365,7 +365,7 @@ class GilSampler:
         # not know: their CPU time cannot be told from the item's.
         me = threading.current_thread()
         self._not_alone = (
-            any(t is not me and not t.name.startswith("smartexec-") for t in threading.enumerate())
+            any(t is not me and not is_ours(t) for t in threading.enumerate())
             or _foreign_thread_running()
         )
         self._start_wall = time.perf_counter()

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -65,6 +64,7 @@ from ._remote import (
     unpack_calls,
 )
 from ._system import WORKER_ENV
+from ._threads import own_thread
 from ._wire import (
     _discard,
     _dump_without_copy,
@@ -363,7 +363,7 @@ def _watch_parent(parent: int) -> None:
                 _shm.release_orphans()
                 os._exit(0)
 
-    threading.Thread(target=watch, name="smartexec-parent-watch", daemon=True).start()
+    own_thread(watch, "smartexec-parent-watch").start()
 
 
 def serve_request(data: bytes, owner: int | None = None) -> bytes:

@@ -180,3 +180,26 @@ def test_entry_points_are_found_by_name(tmp_path):
     assert "'ghost' (entry point of fakeplug) cannot be imported" in ghost
     assert "reinstall fakeplug, which declares entry point ghost = no_such_module:Ghost" in ghost
     assert ran.startswith("7 ") and "fakeplug" in ran
+
+
+class TimingBackend(RecordingBackend):
+    """A plugin that says it takes timeouts: it gets the user's task_timeout as timeout_s."""
+
+    name = "timing"
+    takes_timeouts = True
+    timeouts: list = []
+
+    def submit_chunk(self, fn, chunk, budget_s=None, *, timeout_s=None):
+        TimingBackend.timeouts.append(timeout_s)
+        return super().submit_chunk(fn, chunk, budget_s)
+
+
+def test_task_timeout_goes_only_to_a_backend_that_takes_timeouts():
+    register_backend("recording", RecordingBackend, replace=True)
+    with pytest.raises(ValueError, match="cannot stop or time out one task"):
+        SmartExecutor(backend="recording", task_timeout=5)
+    register_backend("timing", TimingBackend, replace=True)
+    TimingBackend.timeouts.clear()
+    with SmartExecutor(backend="timing", task_timeout=5) as ex:
+        assert list(ex.map(abs, [-1, -2], chunksize=2)) == [1, 2]
+    assert TimingBackend.timeouts == [10.0]  # a chunk of 2 calls: 2 x task_timeout

@@ -350,7 +350,7 @@ def test_smartexecs_own_thread_counts_as_the_users_while_it_runs_their_code():
             started.set()
             release.wait(10)
 
-    thread = threading.Thread(target=pool_thread, name="smartexec-thread_test")
+    thread = _threads.own_thread(pool_thread, "smartexec-thread_test")
     thread.start()
     try:
         assert started.wait(10)
@@ -360,6 +360,31 @@ def test_smartexecs_own_thread_counts_as_the_users_while_it_runs_their_code():
         release.set()
         thread.join(10)
     assert not _threads._USER_CODE  # left when its code returned
+
+
+def test_a_users_thread_named_like_ours_is_still_the_users():
+    started, release = threading.Event(), threading.Event()
+
+    def users_thread():
+        started.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=users_thread, name="smartexec-thread_mine")
+    thread.start()
+    try:
+        assert started.wait(10)
+        assert not _threads.is_ours(thread)
+        assert "smartexec-thread_mine" in _threads.census().running
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def test_smartexecs_pool_threads_are_known_as_ours():
+    with SmartExecutor(2, backend="thread") as ex:
+        assert ex.submit(_threads.is_ours).result(timeout=30)
+        assert all(ex.map(lambda _: _threads.is_ours(), range(4)))
+    assert not _threads.is_ours()
 
 
 LOCK = threading.Lock()

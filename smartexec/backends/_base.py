@@ -32,7 +32,7 @@ import signal
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from .._remote import Call, ChunkResult
 
@@ -161,6 +161,19 @@ def check_open_files(max_workers: int, backend: str) -> None:
     )
 
 
+class PoolClocks(Protocol):
+    """What a map on threads reads of the pool's threads (:class:`~smartexec.backends.thread.ThreadBackend`'s).
+
+    Each returns seconds so far, summed over the threads, or None where the
+    platform cannot tell (see the thread backend for each figure's source).
+    """
+
+    def threads_cpu_s(self) -> float | None: ...
+    def threads_wanted_s(self) -> float | None: ...
+    def threads_busy_s(self) -> float: ...
+    def machine_idle_s(self) -> float | None: ...
+
+
 class Backend(abc.ABC):
     """Base class of every backend.
 
@@ -175,9 +188,19 @@ class Backend(abc.ABC):
         distributed: workers may run on other machines.
         synchronous: chunks run in the submitting thread before
             ``submit_chunk`` returns (inline).
-        stops_tasks: the backend honours ``submit_chunk(timeout_s=...)`` by
-            stopping the chunk (killing its worker). The executor routes
-            callables with a ``task_timeout`` to such a backend where it can.
+        takes_timeouts: ``submit_chunk`` accepts a keyword ``timeout_s`` and
+            fails the future with a
+            :class:`~smartexec.errors.TaskTimeoutError` at the deadline
+            (threads, fork). The executor refuses a ``task_timeout`` on a
+            backend without it.
+        stops_tasks: besides, the backend stops the chunk at the deadline
+            (killing its worker). The executor routes callables with a
+            ``task_timeout`` to such a backend where it can.
+        calls_directly: :meth:`submit_call` runs one call with no chunk
+            (threads: ``submit``'s fast route).
+        max_tasks_per_child: the most calls a worker process runs before
+            it is replaced (an int), or None; set per instance by backends
+            that take the worker option of that name.
         worker_startup_s: seconds to start one worker, for the cost model of
             :mod:`smartexec.tuning` (measured by benchmarks/bench_overheads.py).
         chunk_overhead_s: seconds of dispatch per chunk (pickling, pipes,
@@ -215,7 +238,10 @@ class Backend(abc.ABC):
     copy_on_write: ClassVar[bool] = False
     distributed: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False
+    takes_timeouts: ClassVar[bool] = False
     stops_tasks: ClassVar[bool] = False
+    calls_directly: ClassVar[bool] = False
+    max_tasks_per_child: int | None = None
     worker_startup_s: ClassVar[float] = 0.0
     chunk_overhead_s: ClassVar[float] = 0.0
     start_method: ClassVar[str | None] = None
@@ -295,6 +321,52 @@ class Backend(abc.ABC):
         """
         return self.prepare(fn, share)
 
+    def submit_call(
+        self,
+        fn: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_done: Any = None,
+        context: Any = None,
+    ) -> Future[Any]:
+        """Run one call with no chunk; return a future of its result (where ``calls_directly``).
+
+        See :meth:`smartexec.backends.thread.ThreadBackend.submit_call`.
+
+        Raises:
+            NotImplementedError: the backend runs calls in chunks only (the default).
+        """
+        raise NotImplementedError(f"backend {self.name!r} runs calls in chunks only")
+
+    def unclocked(self, fn: Any) -> Any:
+        """What to send in place of ``fn`` (from :meth:`prepare`) for chunks whose CPU seconds nobody reads.
+
+        A backend whose reading of a worker's CPU clock costs the work
+        (threads under load) returns a stand-in that skips it; the default
+        returns ``fn``.
+        """
+        return fn
+
+    def initialize(self) -> None:
+        """Run the worker initializer in the calling thread, for a ``synchronous`` backend.
+
+        Called by a map before it runs items in the caller (inline); the
+        default does nothing.
+        """
+        return None
+
+    def runs_this_thread(self) -> bool:
+        """Whether the calling thread is one of this backend's workers (default: False).
+
+        A call there that maps on the same executor and waits for the
+        results would wait for chunks queued behind itself.
+        """
+        return False
+
+    def pool_clocks(self) -> PoolClocks | None:
+        """The clocks of this backend's worker threads, where it has them in this process; else None."""
+        return None
+
     def describe(self, fn: Callable[..., Any]) -> tuple[str, ...]:
         """Say, for ``SmartExecutor.explain``, where and how this backend would run ``fn``.
 
@@ -346,7 +418,8 @@ class Backend(abc.ABC):
         run once started) only when the user set a ``task_timeout``; a
         backend that accepts it fails the future with
         :class:`~smartexec.errors.TaskTimeoutError` at the deadline (and
-        sets ``stops_tasks`` when it also stops the work).
+        sets ``takes_timeouts``, and ``stops_tasks`` when it also stops the
+        work).
 
         Returns:
             A ``concurrent.futures.Future`` whose result is a

@@ -57,6 +57,7 @@ except ImportError as exc:  # the registry adds the install hint
 from .._diagnose import pickling_error
 from .._identity import WeakCallable, identity_key
 from .._remote import Call, ChunkResult, dumps, loads, run_chunk
+from .._threads import own_thread
 from ..inspection import callable_name, format_bytes, inspect_callable
 from ..policy import BIG_STATE_BYTES
 from ..transport import dumps_reply, read_reply
@@ -535,7 +536,7 @@ class DaskBackend(Backend):
                 cf.wait(list(pending))
                 self._close()
 
-            threading.Thread(target=close_after_pending, name="smartexec-dask-shutdown").start()
+            own_thread(close_after_pending, "smartexec-dask-shutdown", daemon=False).start()
 
     def _close(self) -> None:
         with self._close_lock:

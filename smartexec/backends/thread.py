@@ -25,7 +25,13 @@ from .._context import on_threads
 from .._deadlines import call_later
 from .._remote import Call, ChunkResult, run_chunk
 from .._system import SchedReader, sched_times
-from .._threads import _USER_CODE, running_user_code, user_code_ends, user_code_starts
+from .._threads import (
+    _USER_CODE,
+    mark_ours,
+    running_user_code,
+    user_code_ends,
+    user_code_starts,
+)
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..stats import CALLS_BATCH, CallLog
 from ._base import Backend
@@ -91,6 +97,8 @@ class ThreadBackend(Backend):
     """
 
     name = "thread"
+    takes_timeouts = True
+    calls_directly = True
     shares_memory = True
     pickles_closures = True
     #: Source: benchmarks/bench_overheads.py (2-core machine, 2026-11-29).
@@ -294,6 +302,10 @@ class ThreadBackend(Backend):
         """The stdlib's default, ``min(32, cpu_count + 4)``: room for I/O waits."""
         return min(32, cpu_count + 4)
 
+    def pool_clocks(self) -> ThreadBackend:
+        """This backend: its pool threads' clocks (:class:`~smartexec.backends.PoolClocks`)."""
+        return self
+
     def prepare(self, fn: Callable[..., Any], share: bool) -> Any:
         """``fn`` run in a copy of the submitting thread's context (see :mod:`smartexec._context`)."""
         return on_threads(fn)
@@ -477,6 +489,7 @@ class _MarkThread:
         self._then = then
 
     def __call__(self) -> None:
+        mark_ours()
         _POOL_THREAD.backend = self._backend
         if self._then is not None:
             self._then()

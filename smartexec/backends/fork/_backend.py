@@ -113,6 +113,7 @@ class ForkBackend(Backend):
     name = "fork"
     pickles_closures = True
     copy_on_write = True
+    takes_timeouts = True
     stops_tasks = True
     #: Asked for by name (multiprocessing.get_context("fork"), os.fork):
     #: never the interpreter's default, forkserver on Linux from Python 3.14.

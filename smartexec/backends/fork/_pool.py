@@ -21,6 +21,7 @@ from typing import Any
 from ... import _initializer, transport
 from ..._remote import ChunkResult
 from ..._sender import PAUSE_TIMEOUT_S
+from ..._threads import own_thread
 from ...errors import InitializerError, TaskTimeoutError, WorkerCrashedError
 from .._base import forced_by, next_ready
 from ._children import (
@@ -131,9 +132,7 @@ class _ForkPool:
         self._dispatching_since: float | None = None
         #: Since when chunks have waited with every worker busy, or None.
         self._backlog_since: float | None = None
-        self._thread = threading.Thread(
-            target=self._run, name="smartexec-fork-dispatcher", daemon=True
-        )
+        self._thread = own_thread(self._run, "smartexec-fork-dispatcher")
         self._thread.start()
         _LIVE_POOLS.add(self)
 
@@ -217,9 +216,7 @@ class _ForkPool:
         """Start the dispatcher thread again after :meth:`pause`."""
         with self._lock:
             self._paused = False
-        self._thread = threading.Thread(
-            target=self._run, name="smartexec-fork-dispatcher", daemon=True
-        )
+        self._thread = own_thread(self._run, "smartexec-fork-dispatcher")
         self._thread.start()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
