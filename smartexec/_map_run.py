@@ -10,7 +10,7 @@ stages, each a method a reader can hold:
    to the workers (:class:`~smartexec._routed_map.RoutedMap`, measured there), a fixed stream
    (``chunksize=``, ``backend=`` ..., nothing to tune), or measured first;
 3. :meth:`MapRun.probe` runs the first items in the caller (and, where the
-   route rests on the GIL, the next ones on two threads, watched);
+   route rests on the GIL, the next ones watched for the GIL);
 4. :meth:`MapRun.verdict` prices the rest in a loop against the route, by
    the one cost model (:func:`smartexec.tuning.inline_verdict`);
 5. :meth:`MapRun.switch` moves the rest of a map that started in a loop to
@@ -320,7 +320,7 @@ class MapRun:
         return run.start(self.remaining, self.ordered)
 
     def _gil_check(self) -> bool:
-        """Whether the first items are watched for the GIL on two threads.
+        """Whether the first items are watched for the GIL (in this thread, sampled by another).
 
         A route that rests on whether the callable holds the GIL is measured
         on its first map, and again every GIL_RECHECK_MAPS maps. Without
@@ -403,7 +403,7 @@ class MapRun:
     # -- 3. probe
 
     def probe(self) -> None:
-        """Run the first items here (and watch the next on two threads where the GIL decides)."""
+        """Run the first items here (and watch the next for the GIL where it decides the route)."""
         ex = self.ex
         pickled = not self.backend.shares_memory
         items: Iterator[Any] = self.inputs if self.star else iter(self.iterables[0])
@@ -433,9 +433,9 @@ class MapRun:
             measure_pickling(self.estimate, head[: len(self.prefix)], self.prefix[:PICKLE_SAMPLE])
 
     def _watch(self) -> None:
-        """Run the next items on two threads while sampling the GIL; decide again on it."""
+        """Run the next items here while sampling the GIL; decide again on it."""
         ex, run = self.ex, self.run
-        # On two threads: in copies of this thread's context (they start with none).
+        # As on threads: in a copy of this thread's context.
         watched = watch(on_threads(self.fn), run.inputs, self.star, max_items=GIL_PROBE_MAX_ITEMS)
         self.prefix += watched.results
         ex._stats.inline(len(watched.results), watched.profile.wall_s)
