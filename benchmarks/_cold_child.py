@@ -65,11 +65,12 @@ def _run_map(contender: str, fn: Any, iterables: tuple[list[Any], ...], cpus: in
         start = time.perf_counter()
         results = [fn(*args) for args in zip(*iterables)]
         return time.perf_counter() - start, results, None
-    if contender == "threads":
+    if contender in ("threads", "threads-64"):
         from concurrent.futures import ThreadPoolExecutor
 
+        width = 64 if contender == "threads-64" else None  # a hand-sized pool for waiting work
         start = time.perf_counter()
-        with ThreadPoolExecutor() as ex:
+        with ThreadPoolExecutor(width) as ex:
             results = list(ex.map(fn, *iterables))
         return time.perf_counter() - start, results, None
     if contender.startswith("process-"):
@@ -118,24 +119,39 @@ def _run_map(contender: str, fn: Any, iterables: tuple[list[Any], ...], cpus: in
     raise ValueError(f"unknown contender {contender!r}")
 
 
-def _run_submit(contender: str, fn: Any, iterables: tuple[list[Any], ...]) -> Any:
-    """Run and time a submit loop; return (seconds, results, executor or None)."""
+def _run_submit(
+    contender: str, fn: Any, iterables: tuple[list[Any], ...], completed: bool = False
+) -> Any:
+    """Run and time a submit loop; return (seconds, results, executor or None).
+
+    ``completed``: collect the futures with ``as_completed`` (results then
+    sorted, to compare with the serial loop's).
+    """
     if contender == "serial":
         start = time.perf_counter()
         results = [fn(*args) for args in zip(*iterables)]
         return time.perf_counter() - start, results, None
-    if contender == "threads":
-        from concurrent.futures import ThreadPoolExecutor as make
+    if contender in ("threads", "threads-64"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def make() -> Any:
+            return ThreadPoolExecutor(64 if contender == "threads-64" else None)
+
     elif contender == "process-1":
         from concurrent.futures import ProcessPoolExecutor as make
     elif contender == "smartexec":
         from smartexec import SmartExecutor as make
     else:
         raise ValueError(f"{contender!r} does not run submit loops")
+    from concurrent.futures import as_completed
+
     start = time.perf_counter()
     with make() as ex:
         futures = [ex.submit(fn, *args) for args in zip(*iterables)]
-        results = [f.result() for f in futures]
+        if completed:
+            results = sorted(f.result() for f in as_completed(futures))
+        else:
+            results = [f.result() for f in futures]
     return time.perf_counter() - start, results, ex if contender == "smartexec" else None
 
 
@@ -198,8 +214,9 @@ def main() -> None:
     cpus = os.cpu_count() or 1
     contender = spec["contender"]
     try:
-        if workload.kind == "submit":
-            seconds, results, ex = _run_submit(contender, job.fn, job.iterables)
+        if workload.kind.startswith("submit"):
+            completed = workload.kind == "submit-completed"
+            seconds, results, ex = _run_submit(contender, job.fn, job.iterables, completed)
         else:
             seconds, results, ex = _run_map(contender, job.fn, job.iterables, cpus)
     except Exception as exc:

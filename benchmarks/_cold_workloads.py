@@ -158,7 +158,8 @@ class Workload:
         build: ``(params, main) -> Job``; ``main`` maps ``"loop"`` and
             ``"closure"`` to the child's ``__main__`` function and closure factory.
         items: ``params -> `` how many items the built job has (without building it).
-        kind: ``"map"`` or ``"submit"`` (a ``submit`` loop of ``operator.add``).
+        kind: ``"map"``, ``"submit"`` (a ``submit`` loop, results in order) or
+            ``"submit-completed"`` (collected with ``as_completed``).
         bound: a big bound object: the hand-written fork pool runs it too.
     """
 
@@ -236,12 +237,29 @@ def _submit(p: Params, main: dict[str, Any]) -> Job:
     return Job(operator.add, (list(range(n)), [1] * n))
 
 
+def _many_waits(p: Params, main: dict[str, Any]) -> Job:
+    return Job(sleep_10ms, (list(range(p.count(400))),))
+
+
 def _fixed(base: int) -> Callable[[Params], int]:
     return lambda p: p.count(base)
 
 
 WORKLOADS: tuple[Workload, ...] = (
     Workload("sleep", "time.sleep(0.01) x 100", _sleep, _fixed(100)),
+    Workload(
+        "many-waits",
+        "time.sleep(0.01) x 400: waiting work at high concurrency",
+        _many_waits,
+        _fixed(400),
+    ),
+    Workload(
+        "submit-waits",
+        "400 submit(time.sleep(0.01)), collected with as_completed",
+        _many_waits,
+        _fixed(400),
+        kind="submit-completed",
+    ),
     Workload(
         "cpu-module", "pure-Python ~10 ms/item x 200, a module function", _cpu_module, _fixed(200)
     ),

@@ -69,6 +69,7 @@ SHM = "/dev/shm"
 COLUMNS = (
     "serial",
     "threads",
+    "threads-64",
     "process",
     "joblib",
     "joblib-threads",
@@ -81,6 +82,7 @@ COLUMNS = (
 ALL_CONTENDERS = (
     "serial",
     "threads",
+    "threads-64",
     "process-1",
     "process-n",
     "joblib",
@@ -93,9 +95,9 @@ ALL_CONTENDERS = (
 
 def contenders(workload: cw.Workload, n_items: int, cpus: int, have: set[str]) -> list[str]:
     """The contenders that run ``workload`` (child contender names)."""
-    if workload.kind == "submit":
-        return ["serial", "threads", "process-1", "smartexec"]
-    names = ["serial", "threads", "process-1"]
+    if workload.kind.startswith("submit"):
+        return ["serial", "threads", "threads-64", "process-1", "smartexec"]
+    names = ["serial", "threads", "threads-64", "process-1"]
     if n_items // (4 * cpus) > 1:
         names.append("process-n")
     if "joblib" in have:
@@ -412,7 +414,9 @@ def table(
             v, c = min(ok)
             values["process"] = v
             cs = "1" if c == "process-1" else "n"
-            texts["process"] = seconds(v) + ("" if workload.kind == "submit" else f" cs{cs}")
+            texts["process"] = seconds(v) + (
+                "" if workload.kind.startswith("submit") else f" cs{cs}"
+            )
         elif pool:
             values["process"], texts["process"] = None, texts[pool[0][1]]
         others = {
@@ -439,7 +443,7 @@ def table(
         if accuracy:
             notes.append(accuracy)
         threads = values.get("threads")
-        if workload.kind == "submit" and smx and threads:
+        if workload.kind.startswith("submit") and smx and threads:
             n = workload.items(params)
             notes.append(
                 f"{workload.name}: per call, threads {threads / n * 1e6:.1f} us, smartexec "
@@ -588,8 +592,7 @@ def main() -> None:
     parser.add_argument(
         "--contenders",
         default="",
-        help="comma-separated contenders to run (default all): serial, threads, process-1, "
-        "process-n, joblib, joblib-threads, mpire, hand-fork, smartexec",
+        help="comma-separated contenders to run (default all): " + ", ".join(ALL_CONTENDERS),
     )
     parser.add_argument(
         "--calibration",

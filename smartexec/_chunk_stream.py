@@ -156,6 +156,10 @@ class ChunkStream:
             here when no chunk was sent before it.
         start: read and send the first window now; False leaves it to
             :meth:`start`.
+        width: the backend's workers now, read before each refill; where
+            it grew, chunks are sized for the new width and the window
+            (unless the caller fixed ``buffersize``) holds
+            ``default_buffersize`` of it. None: ``n_workers`` stays.
         probe: ``(chunks, items)``: until that many chunks' results are
             taken, only that many chunks of at most that many items each
             are sent, then the full window. For items measured too cheap to
@@ -202,8 +206,10 @@ class ChunkStream:
         probe: tuple[int, int] | None = None,
         keep_first_error: bool = False,
         start: bool = True,
+        width: Callable[[], int] | None = None,
     ):
         self._send = send
+        self._width = width
         self._calls = calls
         self._remaining = remaining
         self._length = remaining or 0  # the input's length when the map started
@@ -320,6 +326,10 @@ class ChunkStream:
 
     def _refill(self, extra: int = 0) -> None:
         """Send chunks until ``buffersize`` (plus ``extra``) are in flight, or the input ends."""
+        if self._width is not None and (workers := self._width()) > self._workers:
+            # The backend grew (a thread pool whose threads wait): keep its
+            # new threads fed.
+            self._workers, self._buffersize = workers, default_buffersize(workers)
         while not self._exhausted and len(self._window) < self._buffersize + extra:
             if self._remaining is not None and self._remaining <= 0:
                 # More items than its __len__ said: its length is unknown from

@@ -624,6 +624,7 @@ def open_stream(
             probe=plan.probe if chunksize is None else None,
             keep_first_error=plan.keep_first_error,
             start=False,
+            width=None if buffersize is not None else lambda: backend.max_workers,
         )
         ex._open_maps.add(stream, send_rest=buffersize is None and remaining is not None)
     # Not under the executor's lock: reading the input runs the user's code

@@ -76,9 +76,13 @@ class SmartExecutor(Executor):
     ``concurrent.futures.wait`` / ``as_completed``).
 
     Args:
-        max_workers: workers per backend (int >= 1). None means one per usable
-            CPU for process backends and ``min(32, cpus + 4)`` for threads,
-            as ``ThreadPoolExecutor`` does. The only argument taken by
+        max_workers: workers per backend (int >= 1), fixed, as the stdlib
+            pools take it. None means one per usable CPU for process
+            backends; threads start at ``min(32, cpus + 4)``, as
+            ``ThreadPoolExecutor``'s, and grow while calls queue and the
+            threads mostly wait (up to
+            :data:`~smartexec.tuning.MAX_WAITING_THREADS`, see
+            :class:`~smartexec.backends.thread.ThreadBackend`). The only argument taken by
             position (the stdlib pools differ from the second on); every
             other one is keyword-only.
         initializer: called as ``initializer(*initargs)`` once in every

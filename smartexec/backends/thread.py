@@ -34,6 +34,7 @@ from .._threads import (
 )
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..stats import CALLS_BATCH, CallLog
+from ..tuning import MAX_WAITING_THREADS, threads_for_waiting
 from ._base import Backend
 
 __all__ = ["ThreadBackend"]
@@ -86,7 +87,11 @@ class ThreadBackend(Backend):
     """Runs chunks on a thread pool owned by this backend.
 
     Args:
-        max_workers: threads (None: ``min(32, cpu_count + 4)``).
+        max_workers: threads (int), a fixed width as ``ThreadPoolExecutor``'s.
+            None starts at the stdlib's ``min(32, cpu_count + 4)`` and lets
+            the pool grow, up to :data:`~smartexec.tuning.MAX_WAITING_THREADS`
+            (less where the open-files limit is low), while calls queue and
+            its threads wait (I/O, sleeps): see :class:`_Widener`.
         cpu_count: CPUs this process may use.
         initializer: called as ``initializer(*initargs)`` once in each thread
             before its first chunk (None: nothing). When it raises, the
@@ -133,6 +138,8 @@ class ThreadBackend(Backend):
         #: ended, perf_counter() at the start of the one running or 0.0). Each
         #: thread replaces only its own entry, in one assignment: no lock.
         self._busy: dict[int, tuple[float, float]] = {}
+        #: Grows the pool for waiting work; None where the user fixed the width.
+        self._widener = _Widener(self) if max_workers is None else None
         #: submit_call()'s per-call function, one per CallLog (see _call_runner).
         self._runners: dict[CallLog | None, Callable[..., Any]] = {}
         _LIVE_THREAD_BACKENDS.add(self)
@@ -257,6 +264,26 @@ class ThreadBackend(Backend):
         """
         return _marked(self)
 
+    def _widen(self, pool: ThreadPoolExecutor, width: int, queued: int) -> None:
+        """Let ``pool`` run ``width`` threads, and start threads for up to ``queued`` calls now."""
+        with self._lock:
+            if self._pool is not pool or self._closed:
+                return
+            self.max_workers = width
+        lock = getattr(pool, "_shutdown_lock", None)
+        adjust = getattr(pool, "_adjust_thread_count", None)
+        if lock is None or adjust is None:
+            return
+        with lock:
+            if getattr(pool, "_shutdown", True):
+                return
+            pool._max_workers = width
+            try:
+                for _ in range(min(queued, width)):
+                    adjust()
+            except RuntimeError:  # no new thread at interpreter shutdown
+                pass
+
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
             self._pending -= 1
@@ -347,7 +374,15 @@ class ThreadBackend(Backend):
         try:
             if timeout_s is None:
                 future = pool.submit(
-                    _run_capped, box, self._cpu_count, fn, chunk, budget_s, self._busy, clock
+                    _run_capped,
+                    box,
+                    self._cpu_count,
+                    fn,
+                    chunk,
+                    budget_s,
+                    self._busy,
+                    clock,
+                    self._widener,
                 )
                 future.add_done_callback(self._finished)
             else:
@@ -363,6 +398,7 @@ class ThreadBackend(Backend):
                     self._cpu_count,
                     self._busy,
                     clock,
+                    self._widener,
                 )
         except BaseException:
             self._finished(None)  # type: ignore[arg-type]
@@ -452,6 +488,93 @@ class ThreadBackend(Backend):
                         self._pool = None
 
 
+#: Seconds between two looks at whether a pool should grow (each reads every
+#: pool thread's schedstat: ~5 us a thread).
+WIDEN_EVERY_S = 0.005
+
+
+def _open_files_limit() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return MAX_WAITING_THREADS
+    return (
+        MAX_WAITING_THREADS
+        if soft == resource.RLIM_INFINITY
+        else min(MAX_WAITING_THREADS, soft // 8)
+    )
+
+
+class _Widener:
+    """Grows a pool whose threads wait while calls queue for them (:func:`~smartexec.tuning.threads_for_waiting`).
+
+    A pool thread that ends a call or chunk looks, at most every
+    :data:`WIDEN_EVERY_S`, at the calls queued beyond the pool's width;
+    while some are, it reads how many threads were busy and how many cores
+    they were runnable for since its last look (the backend's
+    :meth:`~ThreadBackend.threads_busy_s` and
+    :meth:`~ThreadBackend.threads_wanted_s`, its CPU clocks where schedstat
+    cannot be read), and widens the pool to what Little's law gives. A
+    pool never narrows: idle threads wait for work at no cost, and leave
+    at shutdown or before a fork (:meth:`ThreadBackend.release_idle`).
+    The width is at most :data:`~smartexec.tuning.MAX_WAITING_THREADS` and
+    an eighth of the open-files limit (each call may hold a socket).
+
+    Only where the user left ``max_workers`` unset; it reaches into the
+    stdlib pool's ``_max_workers`` and ``_adjust_thread_count`` (3.10 to
+    3.14), and does nothing where they are missing.
+    """
+
+    __slots__ = ("_backend", "_lock", "_last", "due", "limit")
+
+    def __init__(self, backend: ThreadBackend):
+        self._backend = weakref.ref(backend)  # the pool's runners hold this object
+        self._lock = threading.Lock()
+        self._last: tuple[float, float, float] | None = None  # (time, busy s, runnable s)
+        self.due = 0.0
+        self.limit = max(backend.max_workers, _open_files_limit())
+
+    def check(self, now: float) -> None:
+        """Look at the pool (at most one thread at a time; the others go on)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self.due = now + WIDEN_EVERY_S
+            backend = self._backend()
+            if backend is not None:
+                self._look(backend, now)
+        except Exception:  # pragma: no cover - sizing must never fail a call
+            pass
+        finally:
+            self._lock.release()
+
+    def _look(self, backend: ThreadBackend, now: float) -> None:
+        pool = backend._pool
+        width = getattr(pool, "_max_workers", None)
+        if pool is None or width is None or width >= self.limit:
+            return
+        in_flight = backend._pending + _peek(backend._calls_in) - _peek(backend._calls_out)
+        last, self._last = self._last, None
+        if in_flight <= width:
+            return  # nothing queued: the width serves
+        runnable = backend.threads_wanted_s()
+        if runnable is None:
+            runnable = backend.threads_cpu_s()
+        if runnable is None:
+            return
+        self._last = (now, backend.threads_busy_s(), runnable)
+        if last is None or now - last[0] > 4 * WIDEN_EVERY_S:
+            return  # a first look, or a stale one: the next look compares
+        wall = now - last[0]
+        wider = threads_for_waiting(
+            (self._last[1] - last[1]) / wall, (runnable - last[2]) / wall, self.limit
+        )
+        if wider > width:
+            backend._widen(pool, wider, in_flight - width)
+
+
 class _Unclocked:
     """A callable to run without reading the thread's CPU clock (:meth:`ThreadBackend.unclocked`)."""
 
@@ -513,11 +636,13 @@ def _run_capped(
     budget_s: float | None,
     busy: dict[int, tuple[float, float]] | None = None,
     clock: bool = True,
+    widener: _Widener | None = None,
 ) -> ChunkResult:
     """Run a chunk in a pool thread, BLAS capped while others run, unless the initializer failed.
 
     ``busy``: the backend's per-thread busy seconds (see
     :meth:`ThreadBackend.threads_busy_s`), which this chunk adds to;
+    ``widener``: the pool's, told when the chunk ends;
     ``clock``: read the thread's CPU clock (see :meth:`ThreadBackend.unclocked`).
 
     Raises:
@@ -536,7 +661,10 @@ def _run_capped(
             return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL, clock_cpu=clock)
     finally:
         if busy is not None:
-            busy[ident] = (done + time.perf_counter() - begun, 0.0)
+            end = time.perf_counter()
+            busy[ident] = (done + end - begun, 0.0)
+            if widener is not None and end >= widener.due:
+                widener.check(end)
         user_code_ends(ident)
 
 
@@ -571,6 +699,7 @@ def _call_runner(
     """
     busy = backend._busy
     box = backend._box
+    widener = backend._widener
     calls_out = backend._calls_out
     cpus = backend._cpu_count
     calls = log.calls if log is not None else None
@@ -610,6 +739,8 @@ def _call_runner(
             end = _clock()
             busy[thread] = (done + end - start, 0.0)
             next(calls_out)
+            if widener is not None and end >= widener.due:
+                widener.check(end)
             if calls is not None:
                 calls.append((start, end))
                 if len(calls) >= CALLS_BATCH:
@@ -631,6 +762,7 @@ def _run_with_deadline(
     cpu_count: int = 1,
     busy: dict[int, tuple[float, float]] | None = None,
     clock: bool = True,
+    widener: _Widener | None = None,
 ) -> None:
     if not outer.set_running_or_notify_cancel():
         return
@@ -658,7 +790,7 @@ def _run_with_deadline(
 
     timer = call_later(timeout_s, expire)  # one thread keeps every chunk's deadline
     try:
-        result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy, clock)
+        result = _run_capped(None, cpu_count, fn, chunk, budget_s, busy, clock, widener)
     except BaseException as exc:
         result = None
         error: BaseException | None = exc

@@ -1,0 +1,149 @@
+"""The thread pool grows for work that waits while calls queue (Little's law), and only then.
+
+Decisions are tested with injected figures; the end-to-end tests use work
+whose kind no load can change (sleeps never run; a held lock keeps the
+GIL-holding thread runnable), and assert widths, never times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from smartexec import SmartExecutor
+from smartexec.backends.thread import ThreadBackend
+from smartexec.tuning import MAX_WAITING_THREADS, WAITING_TARGET_CORES, threads_for_waiting
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(
+    ("busy", "cores", "limit", "width"),
+    [
+        (6, 0.06, 128, 100),  # 20 ms calls with 0.2 ms of Python: 100 threads keep a core busy
+        (6, 0.4, 128, 15),
+        (6, 0.0, 128, 128),  # sleeps: as many as the limit lets
+        (6, 0.0, 40, 40),
+        (6, 1.0, 128, 0),  # threads taking turns on the GIL keep a core runnable: not waiting
+        (6, 0.9, 128, 0),
+        (6, 0.5, 128, 0),  # half a core runnable: a pool grows only below it
+        (2, 1.5, 128, 0),  # computing threads (numpy): a core each
+        (0.5, 0.0, 128, 0),  # under one busy thread: nothing to read
+    ],
+)
+def test_threads_for_waiting_is_littles_law(busy, cores, limit, width):
+    assert threads_for_waiting(busy, cores, limit) == width
+
+
+def test_a_waiting_pool_keeps_its_target_cores_runnable():
+    width = threads_for_waiting(4, 0.01, 10_000)
+    assert width * (0.01 / 4) == pytest.approx(WAITING_TARGET_CORES, rel=0.01)
+
+
+class _Figures:
+    """Injected clocks for a backend's widener: busy thread-seconds and runnable seconds."""
+
+    def __init__(self, backend, monkeypatch):
+        self.busy = self.runnable = 0.0
+        monkeypatch.setattr(backend, "threads_busy_s", lambda: self.busy)
+        monkeypatch.setattr(backend, "threads_wanted_s", lambda: self.runnable)
+
+
+def _queued_pool(backend, calls):
+    """Fill the pool past its width with calls that wait for ``release``."""
+    release = threading.Event()
+    futures = [backend.submit_call(release.wait, (30,), {}) for _ in range(calls)]
+    return release, futures
+
+
+@pytest.mark.parametrize(("runnable_cores", "grows"), [(0.01, True), (1.0, False)])
+def test_the_widener_grows_a_queued_pool_only_when_its_threads_wait(
+    monkeypatch, runnable_cores, grows
+):
+    backend = ThreadBackend(None, 2)
+    figures = _Figures(backend, monkeypatch)
+    release, futures = _queued_pool(backend, 20)
+    try:
+        widener = backend._widener
+        widener.check(100.0)  # the first look: a baseline
+        figures.busy, figures.runnable = 6 * 0.02, runnable_cores * 0.02
+        widener.check(100.02)
+        assert (backend.max_workers > 6) == grows
+        if grows:
+            assert backend.max_workers == threads_for_waiting(6, 0.01, widener.limit)
+            assert len(backend._pool._threads) > 6  # the queued calls got threads at once
+    finally:
+        release.set()
+        assert all(f.result(timeout=30) for f in futures)
+        backend.shutdown()
+
+
+def test_the_widener_leaves_a_pool_with_nothing_queued(monkeypatch):
+    backend = ThreadBackend(None, 2)
+    figures = _Figures(backend, monkeypatch)
+    release, futures = _queued_pool(backend, 3)  # under the width of 6
+    try:
+        backend._widener.check(100.0)
+        figures.busy, figures.runnable = 3 * 0.02, 0.0
+        backend._widener.check(100.02)
+        assert backend.max_workers == 6
+    finally:
+        release.set()
+        [f.result(timeout=30) for f in futures]
+        backend.shutdown()
+
+
+def test_a_stale_look_is_only_a_baseline(monkeypatch):
+    backend = ThreadBackend(None, 2)
+    figures = _Figures(backend, monkeypatch)
+    release, futures = _queued_pool(backend, 20)
+    try:
+        backend._widener.check(100.0)
+        figures.busy = 6.0
+        backend._widener.check(110.0)  # ten seconds later: figures of another time
+        assert backend.max_workers == 6
+    finally:
+        release.set()
+        [f.result(timeout=30) for f in futures]
+        backend.shutdown()
+
+
+def test_a_width_the_user_fixed_never_grows():
+    assert ThreadBackend(6, 2)._widener is None
+    assert ThreadBackend(None, 2)._widener.limit <= max(6, MAX_WAITING_THREADS)
+
+
+def nap(x):
+    time.sleep(0.01)
+    return x
+
+
+def test_a_map_of_sleeps_grows_the_pool_and_keeps_every_result():
+    with SmartExecutor(backend="thread") as ex:
+        assert list(ex.map(nap, range(200))) == list(range(200))
+        assert ex._backends["thread"].max_workers > 6
+    with SmartExecutor(6, backend="thread") as ex:
+        assert list(ex.map(nap, range(60))) == list(range(60))
+        assert ex._backends["thread"].max_workers == 6
+
+
+def test_submits_of_sleeps_grow_the_pool():
+    with SmartExecutor(backend="thread") as ex:
+        futures = [ex.submit(nap, i) for i in range(200)]
+        assert [f.result(timeout=60) for f in futures] == list(range(200))
+        assert ex._backends["thread"].max_workers > 6
+
+
+def under_the_gil(x):
+    total = 0
+    for i in range(20_000):
+        total += i
+    return x
+
+
+def test_a_map_holding_the_gil_does_not_grow_the_pool():
+    with SmartExecutor(backend="thread") as ex:
+        assert list(ex.map(under_the_gil, range(400), chunksize=1)) == list(range(400))
+        assert ex._backends["thread"].max_workers == 6
