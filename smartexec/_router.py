@@ -103,6 +103,21 @@ def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Dec
     return dataclasses.replace(decision, reasons=(*decision.reasons, reason))
 
 
+class _Routed:
+    """What routing knows of one callable: its decision, its per-item estimate, and under what census.
+
+    Held weakly (:attr:`handle`): a dead callable's record goes with it.
+    """
+
+    __slots__ = ("handle", "decision", "estimate", "with_threads")
+
+    def __init__(self, decision: Decision, estimate: Estimate, with_threads: bool):
+        self.handle: WeakCallable = None  # type: ignore[assignment]  # set once made
+        self.decision, self.estimate = decision, estimate
+        #: Decided while threads of the user's ran (decided again when that changes).
+        self.with_threads = with_threads
+
+
 class Router:
     """One executor's routing: its decisions per callable, cached weakly, and their log.
 
@@ -127,8 +142,8 @@ class Router:
         self._log = log
         self._lock = lock
         self._initializer = initializer
-        self._decisions: dict[Any, tuple[WeakCallable, Decision, Estimate]] = {}
-        self._decided_with_threads: dict[Any, bool] = {}
+        #: identity key -> what routing knows of a callable (see _Routed).
+        self._routes: dict[Any, _Routed] = {}
 
     def route(
         self, fn: Callable[..., Any], task_timeout: float | None = None, record: bool = True
@@ -155,9 +170,11 @@ class Router:
         make it alike) but not logged.
         """
         key = identity_key(fn)
-        cached = self._decisions.get(key)
-        if cached is not None and cached[0].matches(fn):
-            decision, estimate = cached[1], cached[2]
+        cached = self._routes.get(key)
+        if cached is not None and not cached.handle.matches(fn):
+            cached = None
+        if cached is not None:
+            decision, estimate = cached.decision, cached.estimate
             if decision.backend == "thread" and not (
                 self.options.initializer or self.options.stoppable
             ):
@@ -166,24 +183,24 @@ class Router:
                 # at them at every submit (2-13 us).
                 return decision, estimate
         found = _threads.census()
-        if found.running and not self._decided_with_threads.get(key, False):
+        if found.running and not (cached is not None and cached.with_threads):
             # Busy library threads only: wait a moment before routing off fork.
             found = _threads.census(ROUTE_SETTLE_S)
         threads = len(found.running)
-        if cached is not None and cached[0].matches(fn):
-            decision, estimate = cached[1], cached[2]
-            if (threads > 0) == self._decided_with_threads.get(key, False):
-                return decision, estimate
-            assert decision.profile is not None
+        if cached is not None:
+            if (threads > 0) == cached.with_threads:
+                return cached.decision, cached.estimate
+            assert cached.decision.profile is not None
             measured, stored = _earlier(fn)
-            decision = decide(decision.profile, self.platform, self.options, measured, threads)
+            decision = decide(
+                cached.decision.profile, self.platform, self.options, measured, threads
+            )
             decision = _from_earlier_run(decision, stored)
-            decision = _with_thread_census(decision, found)
-            self._decisions[key] = (cached[0], decision, estimate)
-            self._decided_with_threads[key] = threads > 0
+            cached.decision = decision = _with_thread_census(decision, found)
+            cached.with_threads = threads > 0
             if record:
                 self._log.append(decision)
-            return decision, estimate
+            return decision, cached.estimate
         measured, stored = _earlier(fn)
         decision = decide(inspect_callable(fn), self.platform, self.options, measured, threads)
         decision = _from_earlier_run(decision, stored)
@@ -203,17 +220,16 @@ class Router:
                 estimate.loop_here = starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
-        decisions = self._decisions  # the weakref callback must not hold self
-        with_threads = self._decided_with_threads
+        routes = self._routes  # the weakref callback must not hold self
+        routed = _Routed(decision, estimate, threads > 0)
 
-        def forget() -> None:
-            decisions.pop(key, None)
-            with_threads.pop(key, None)
+        def forget() -> None:  # not another callable's record under a reused id
+            if routes.get(key) is routed:
+                routes.pop(key, None)
 
-        handle = WeakCallable(fn, forget)
-        if handle.weak:
-            decisions[key] = (handle, decision, estimate)
-            with_threads[key] = threads > 0
+        routed.handle = WeakCallable(fn, forget)
+        if routed.handle.weak:
+            routes[key] = routed
         if record:
             self._log.append(decision)
         return decision, estimate
@@ -229,8 +245,7 @@ class Router:
         """
         with self._lock:
             self.options = dataclasses.replace(self.options, stoppable=True)
-            self._decisions.clear()
-            self._decided_with_threads.clear()
+            self._routes.clear()
 
     def nested_on_threads(self, backend: Backend, decision: Decision) -> Decision | None:
         """A map called from this executor's own thread, bound for those threads: run it here.
@@ -366,15 +381,15 @@ class Router:
         key = identity_key(fn)
         reason = Reason(LAST_MAP_RULE, f"its last map: {why}")
         with self._lock:
-            cached = self._decisions.get(key)
-            if cached is not None and cached[0].matches(fn):
+            cached = self._routes.get(key)
+            if cached is not None and cached.handle.matches(fn):
                 kept = tuple(r for r in decision.reasons if rule_of(r) != LAST_MAP_RULE)
                 if decision.backend in ("thread", "inline"):
                     kept = reasons_off_processes(kept)  # moved there on its figures
                 else:
                     kept = measured_reasons(kept)  # measured: its figures follow
                 next_decision = dataclasses.replace(decision, reasons=(*kept, reason))
-                self._decisions[key] = (cached[0], next_decision, cached[2])
+                cached.decision = next_decision
 
     def measured(self, fn: Callable[..., Any], decision: Decision, gil: GilProfile) -> Decision:
         """Decide again for ``fn`` with a GIL measurement; cache and log the result."""
@@ -383,9 +398,9 @@ class Router:
         remember(fn, gil)
         key = identity_key(fn)
         with self._lock:
-            cached = self._decisions.get(key)
-            if cached is not None and cached[0].matches(fn):
-                self._decisions[key] = (cached[0], new, cached[2])
+            cached = self._routes.get(key)
+            if cached is not None and cached.handle.matches(fn):
+                cached.decision = new
             self._log.append(new)
         return new
 

@@ -80,12 +80,12 @@ class LearningCalls:
             fewer than ``MIN_CALLS`` have completed (:func:`send_ahead`).
         in_flight: calls sent and not completed.
         completed: calls that completed (any outcome, cancelled included).
-        key: the callable's identity key; handle: a weak handle to it.
+        key: the callable's identity key.
     """
 
-    __slots__ = ("key", "decision", "sent", "parked", "window", "in_flight", "completed", "handle")
+    __slots__ = ("key", "decision", "sent", "parked", "window", "in_flight", "completed")
 
-    def __init__(self, key: Any, decision: Decision, window: int, handle: WeakCallable):
+    def __init__(self, key: Any, decision: Decision, window: int):
         self.key = key
         self.decision = decision
         self.sent: collections.deque[CallFuture] = collections.deque()
@@ -93,13 +93,43 @@ class LearningCalls:
         self.window = window
         self.in_flight = 0
         self.completed = 0
-        self.handle = handle
 
     def parks(self) -> bool:
         """Whether the next submit waits unsent (FIFO behind any that wait)."""
         if self.parked:
             return True
         return self.completed < MIN_CALLS and self.in_flight >= self.window
+
+
+#: A fast-submit entry: (the handle, the verdict or None, ``backend.submit_call``,
+#: the stats recorder, the calls a cheap verdict re-checks: ``ThreadCalls.calls``, else ()).
+Fast = tuple[WeakCallable, "Learned | None", Callable[..., Any], Any, Sized]
+
+
+class _Known:
+    """What one executor's submits know of one callable, behind one weak handle.
+
+    Kept only for callables that can be weakly referenced (a cache must
+    never keep a user's object alive); it goes when the callable dies.
+
+    Attributes:
+        moved: ``(verdict, the policy's decision, the moved one)`` once its
+            submits' figures moved it to threads, else None.
+        learning: its calls sent and parked while its figures are learned, else None.
+        fast: its submits skip the routing (:meth:`SubmitRoute.fast_path`), else None.
+        timed: where pool threads time its calls for a cheap verdict's
+            re-check (kept while it lives: the thread backend keeps a call
+            loop per log).
+    """
+
+    __slots__ = ("handle", "moved", "learning", "fast", "timed")
+
+    def __init__(self) -> None:
+        self.handle: WeakCallable = None  # type: ignore[assignment]  # set once made
+        self.moved: tuple[Learned, Decision, Decision] | None = None
+        self.learning: LearningCalls | None = None
+        self.fast: Fast | None = None
+        self.timed: ThreadCalls | None = None
 
 
 def _call_done(ref: weakref.ref[SubmitRoute], entry: LearningCalls, future: Future[Any]) -> None:
@@ -136,24 +166,14 @@ class SubmitRoute:
         self._executor_lock = executor._lock
         self._max_retries = executor._max_retries
         self._plain = not executor._options.initializer
-        #: identity key -> (verdict, the policy's decision, the moved one).
-        self.decisions: dict[Any, tuple[Learned, Decision, Decision]] = {}
-        #: identity key -> its calls sent and parked while it is learned.
-        self.learning: dict[Any, LearningCalls] = {}
+        #: identity key -> what its submits know of the callable (one record each).
+        self.known: dict[Any, _Known] = {}
         self.lock = threading.RLock()
         self.idle = threading.Condition(self.lock)
         self.movers: list[int] = []  # the threads moving calls now (see shutdown)
         self.closers: list[int] = []  # shutdowns sending parked calls now
         self.closing_cancels = False  # a shutdown that cancels pending work began
         self.closed = False
-        #: Submits on threads, taken without a lock: identity key ->
-        #: (handle, verdict, backend.submit_call, stats recorder, the calls
-        #: a cheap verdict re-checks: ThreadCalls.calls, else ()).
-        self.fast: dict[
-            Any, tuple[WeakCallable, Learned | None, Callable[..., Any], Any, Sized]
-        ] = {}
-        #: identity key -> where pool threads time its calls (remember_fast).
-        self.thread_calls: dict[Any, ThreadCalls] = {}
         self._recorders: dict[str, Any] = {}
 
     # -- submit
@@ -165,9 +185,10 @@ class SubmitRoute:
         without calling it. Every :data:`RECHECK_CALLS` completed calls of a
         cheap verdict's, the next submit re-checks it (:meth:`upheld`).
         """
-        fast = self.fast.get(id(fn))
-        if fast is None and type(fn) is not types.FunctionType:
-            fast = self.fast.get(identity_key(fn))
+        known = self.known.get(id(fn))
+        if known is None and type(fn) is not types.FunctionType:
+            known = self.known.get(identity_key(fn))
+        fast = None if known is None else known.fast
         if (
             fast is not None
             and not shut
@@ -268,7 +289,8 @@ class SubmitRoute:
             return decision, True
         key = identity_key(fn)
         with self.lock:  # a completed submit's thread may make it too
-            cached = self.decisions.get(key)
+            known = self._known(fn, key)
+            cached = None if known is None else known.moved
             if cached is not None and cached[0] is learned and cached[1] is decision:
                 return cached[2], False
             policy_reasons = reasons_off_processes(decision.reasons)
@@ -279,7 +301,8 @@ class SubmitRoute:
                 measure=False,
                 reasons=(learned.reason(), *policy_reasons),
             )
-            self.decisions[key] = (learned, decision, moved)
+            if known is not None:
+                known.moved = (learned, decision, moved)
             self._log.append(moved)
         # A script's next run starts its submits (and maps) on threads, as a
         # map's stored profile does; a map re-checks it on its first chunks.
@@ -304,7 +327,8 @@ class SubmitRoute:
         fork or loky, and other threads only choose between those two.
         """
         key = identity_key(fn)
-        cached = self.decisions.get(key)
+        known = self.known.get(key)
+        cached = None if known is None else known.moved
         if cached is None or cached[0] is not self.learner.verdict(fn, key):
             return None
         return cached[2]
@@ -332,22 +356,32 @@ class SubmitRoute:
     def entry(self, fn: Any, decision: Decision, workers: int) -> LearningCalls:
         """``fn``'s :class:`LearningCalls`, made on its first learning submit. Hold :attr:`lock`."""
         key = identity_key(fn)
-        entry = self.learning.get(key)
-        if entry is None or not entry.handle.matches(fn):
-            calls = self.learning  # the weakref callback must not hold self
-            made: list[LearningCalls] = []
+        known = self._known(fn, key)
+        if known is None:  # not kept: each call is learned from alone
+            return LearningCalls(key, decision, send_ahead(workers))
+        if known.learning is None:
+            known.learning = LearningCalls(key, decision, send_ahead(workers))
+        return known.learning
 
-            def forget() -> None:
-                # May run in the garbage collector while a thread holds
-                # the lock: dict calls are atomic, so no lock here.
-                if made and calls.get(key) is made[0]:
-                    calls.pop(key, None)
+    def _known(self, fn: Any, key: Any) -> _Known | None:
+        """``fn``'s record (made now if need be), or None when ``fn`` cannot be weakly referenced."""
+        known = self.known.get(key)
+        if known is not None and known.handle.matches(fn):
+            return known
+        records = self.known  # the weakref callback must not hold self
+        made = _Known()
 
-            # Its calls die with it.
-            entry = LearningCalls(key, decision, send_ahead(workers), WeakCallable(fn, forget))
-            made.append(entry)
-            calls[key] = entry
-        return entry
+        def forget() -> None:
+            # May run in the garbage collector while a thread holds a lock:
+            # dict calls are atomic, so no lock here.
+            if records.get(key) is made:
+                records.pop(key, None)
+
+        made.handle = WeakCallable(fn, forget)
+        if not made.handle.weak:
+            return None
+        records[key] = made  # a dead callable's record under a reused id goes
+        return made
 
     def park(
         self,
@@ -404,7 +438,8 @@ class SubmitRoute:
         no thread holds one future's lock while it waits for another's.
         """
         with self.lock:
-            if self.closed or self.learning.get(entry.key) is not entry:
+            known = self.known.get(entry.key)
+            if self.closed or known is None or known.learning is not entry:
                 return  # moved to threads by a verdict, or shut down
             entry.in_flight -= 1
             entry.completed += 1
@@ -500,13 +535,14 @@ class SubmitRoute:
         with self.lock:
             if self.closed or interpreter_exiting():  # at exit: no new thread
                 return 0
-            entry = self.learning.get(key)
+            known = self.known.get(key)
+            entry = None if known is None else known.learning
             thread = self._backends.get("thread")
-            if entry is None or thread is None or not entry.handle.matches(fn):
+            if entry is None or thread is None or not known.handle.matches(fn):  # type: ignore[union-attr]
                 return 0
             if self.decision(fn, entry.decision)[0].backend != "thread":
                 return 0
-            del self.learning[key]
+            known.learning = None  # type: ignore[union-attr]
             calls = list(entry.sent)
             parked = list(entry.parked)
             entry.parked.clear()
@@ -576,23 +612,23 @@ class SubmitRoute:
         verdict = self.learner.verdict(fn, key) if learned else None
         if learned and verdict is None:
             return
-        fast = self.fast  # the weakref callback must not hold self
-        old = fast.get(key)
-        if old is not None and old[1] is verdict and old[0].matches(fn):
+        known = self._known(fn, key)
+        if known is None:  # never keep the user's object alive
+            return
+        old = known.fast
+        if old is not None and old[1] is verdict:
             return  # another thread's submit remembered it
         timed: Sized = ()
         if verdict is not None and verdict.kind == "cheap":
             # Its calls on threads are timed apart, for the re-check. One log
             # per callable (the thread backend keeps a call loop per log).
-            calls = self.thread_calls.get(key)
+            calls = known.timed
             if calls is None:
-                calls = self.thread_calls[key] = ThreadCalls(record)
+                calls = known.timed = ThreadCalls(record)
             calls.fold()
             calls.recent.clear()  # an earlier verdict's calls
             record, timed = calls, calls.calls
-        handle = WeakCallable(fn, lambda: fast.pop(key, None))
-        if handle.weak:  # never keep the user's object alive
-            fast[key] = (handle, verdict, run_call, record, timed)
+        known.fast = (known.handle, verdict, run_call, record, timed)
 
     def follow_map(self, key: Any, backend: str) -> None:
         """The callable ``key``'s last map ended on ``backend``: its submits follow it there.
@@ -600,9 +636,10 @@ class SubmitRoute:
         Drops the shortcut a decision (not a verdict) gave, unless the map
         stayed on threads. Hold the executor's lock.
         """
-        fast = self.fast.get(key)
-        if fast is not None and fast[1] is None and backend != "thread":
-            del self.fast[key]
+        known = self.known.get(key)
+        if known is not None and known.fast is not None:
+            if known.fast[1] is None and backend != "thread":
+                known.fast = None
 
     def upheld(self, fn: Any, fast: tuple[Any, ...]) -> bool:
         """Re-check ``fn``'s cheap verdict on its calls timed on threads; False: it gave way.
@@ -621,11 +658,14 @@ class SubmitRoute:
         checked = len(calls.recent)
         key = identity_key(fn)
         with self._executor_lock:
-            if self.fast.get(key) is fast:
-                del self.fast[key]
+            known = self.known.get(key)
+            if known is not None and known.fast is fast:
+                known.fast = None
             if self.learner.forget(fn, learned):
                 with self.lock:
-                    cached = self.decisions.pop(key, None)
+                    cached = None if known is None else known.moved
+                    if known is not None:
+                        known.moved = None
                     if cached is not None:
                         policy = cached[1]
                         why = learned.gave_way(median, checked)
@@ -649,8 +689,9 @@ class SubmitRoute:
 
     def fold_thread_calls(self) -> None:
         """Count the calls timed apart for re-checks in the stats (see ``stats()``)."""
-        for calls in list(self.thread_calls.values()):
-            calls.fold()
+        for known in list(self.known.values()):
+            if known.timed is not None:
+                known.timed.fold()
 
     # -- shutdown
 
@@ -673,11 +714,15 @@ class SubmitRoute:
 
         def settled() -> bool:
             return not self.movers and all(
-                not entry.parked or entry.in_flight <= 0 for entry in self.learning.values()
+                not entry.parked or entry.in_flight <= 0 for entry in self._learning()
             )
 
         with self.lock:
             self.idle.wait_for(settled, timeout=PARKED_WAIT_S)
+
+    def _learning(self) -> list[LearningCalls]:
+        """Every callable's calls being learned (hold :attr:`lock`)."""
+        return [k.learning for k in list(self.known.values()) if k.learning is not None]
 
     def close(self, cancel: bool) -> list[Parked]:
         """Stop moving and parking submits (shutdown); return the parked ones, oldest first.
@@ -690,10 +735,12 @@ class SubmitRoute:
         with self.lock:
             self.closed = True
             self.closing_cancels = self.closing_cancels or cancel
-            parked = [p for entry in self.learning.values() for p in entry.parked]
-            for entry in self.learning.values():
+            learning = self._learning()
+            parked = [p for entry in learning for p in entry.parked]
+            for entry in learning:
                 entry.parked.clear()
-            self.learning.clear()
+            for known in self.known.values():
+                known.learning = None
             if parked:
                 self.closers.append(threading.get_ident())
         return parked

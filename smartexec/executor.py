@@ -416,7 +416,7 @@ class SmartExecutor(Executor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         submits = self._submits
-        if submits.fast:
+        if submits.known:
             # On threads for good (see SubmitRoute.remember_fast): no lock of
             # ours and no routing, nearly as cheap as a ThreadPoolExecutor's
             # submit (the backend raises RuntimeError once shut down).

@@ -38,6 +38,16 @@ from smartexec.gil import MIN_WATCH_S, GilProfile
 pytestmark = pytest.mark.timeout(90)
 
 
+def _fast(ex):
+    """The callables whose submits skip the routing: identity key -> fast entry."""
+    return {key: known.fast for key, known in ex._submits.known.items() if known.fast}
+
+
+def _learning(ex):
+    """The callables whose submits are being learned: identity key -> their calls."""
+    return {key: k.learning for key, k in ex._submits.known.items() if k.learning}
+
+
 def _nap(seconds: float) -> None:
     """``time.sleep``, called through a helper of this module's own.
 
@@ -399,7 +409,7 @@ def test_a_learned_submit_skips_the_routing_and_still_refuses_after_shutdown():
     try:
         partial_add = functools.partial(operator.add, 1)
         _learn_threads(ex, partial_add)
-        assert ex._submits.fast, "a learned callable's submits take the fast path"
+        assert _fast(ex), "a learned callable's submits take the fast path"
         assert ex.submit(partial_add, 41).result(timeout=30) == 42
     finally:
         ex.shutdown()
@@ -412,11 +422,11 @@ def test_the_fast_path_keeps_no_callable_alive():
     ref = weakref.ref(obj)
     with SmartExecutor() as ex:
         _learn_threads(ex, obj.add)
-        assert ex._submits.fast
+        assert _fast(ex)
         del obj
         gc.collect()
         assert ref() is None
-        assert not ex._submits.fast  # its entry went with it
+        assert not _fast(ex)  # its entry went with it
 
 
 def test_a_stored_verdict_never_starts_the_next_run_in_this_process():
@@ -457,10 +467,10 @@ def test_a_map_that_moves_a_thread_routed_callable_drops_its_submit_shortcut():
         [ex.submit(waits, i).result(timeout=30) for i in range(12)]
     with SmartExecutor() as ex:
         assert ex.submit(waits, 0).result(timeout=30) == os.getpid()
-        assert ex._submits.fast
-        key = next(iter(ex._submits.fast))
+        assert _fast(ex)
+        key = next(iter(_fast(ex)))
         ex._route_next(waits, dataclasses.replace(ex.explain(waits), backend="fork"), "test")
-        assert key not in ex._submits.fast
+        assert key not in _fast(ex)
         assert ex.submit(waits, 0).result(timeout=30) != os.getpid()
 
 
@@ -742,7 +752,7 @@ def test_a_dead_bound_methods_waiting_entry_goes_with_it():
         del holder
         gc.collect()
         assert ref() is None
-        assert not ex._submits.learning
+        assert not _learning(ex)
 
 
 def test_submits_made_in_a_with_block_and_read_after_it_still_move_to_threads():
@@ -912,4 +922,4 @@ def test_after_keep_stoppable_no_submit_takes_the_thread_shortcut():
         assert ex._submits.learns is False and ex._router.options.stoppable
         for _ in range(3):
             ex.submit(digest, b"x" * 100).result(timeout=60)
-        assert not ex._submits.fast
+        assert not _fast(ex)
