@@ -2,87 +2,29 @@
 
 ``SmartExecutor.submit`` sends a callable that may hold the GIL to process
 workers (fork or loky). Each completed call's
-:class:`~smartexec._remote.ChunkResult` says how long the call ran
-(``compute_s``), how much of it the worker's thread was on a CPU
-(``cpu_s``) and, for a callable's first ~30 ms of work in each worker, how it
-used the GIL (``gil``); the executor adds what sending the call cost in this
-process. :class:`SubmitLearner` keeps the last :data:`WINDOW` calls' figures
-per callable (weakly: it never keeps a callable alive) and gives a
-:class:`Learned` verdict once they agree that threads serve the callable
-better, for one of three reasons:
+:class:`~smartexec._remote.ChunkResult` says how long the call ran, how much
+of it its thread was on a CPU and, for its first ~30 ms of work in each
+worker, how it used the GIL; the executor adds what sending it cost here.
+:class:`SubmitLearner` keeps the last :data:`WINDOW` calls' figures per
+callable (weakly) and gives a :class:`Learned` verdict once :data:`MIN_CALLS`
+of them, :data:`AGREE` of them alike, say that threads serve it better:
 
-* **waits**: the call's thread was on a CPU under
-  :data:`~smartexec.gil.CPU_SHARE_WAITS` (half) of the call (sleep, I/O, a
-  child process), and at most half of the GIL watches (if any) say it holds
-  the GIL: a call's CPU share counts time it sat queued for a core as
-  waiting, the watches take that out, so on a loaded machine a computing
-  callable is not taken for a waiting one. Threads overlap the waiting as well as processes do, with
-  no pickling and no round trip (a fork round trip costs ~150 us, a loky one
-  ~250 us: the backends' ``chunk_overhead_s``).
-* **releases**: the workers' GIL watches (each call's chunk while the
-  callable's watch budget lasts, :data:`~smartexec._remote.WATCH_S`) found it
-  computing without the GIL (numpy, hashlib, zlib on big data): threads run
-  it in parallel. Watches shorter than :data:`~smartexec.gil.MIN_WATCH_S` (5 ms)
-  are not kept: the sampler wakes every 0.5 ms, its start is delayed by up to
-  a switch interval (5 ms) by a thread holding the GIL, and its start and
-  join count in the watch's time: 2 ms pure-Python calls read 30-45 % on the
-  CPU ("waits") or "releases" in fork workers.
-* **cheap**: the call computes in under :data:`CHEAP_CALL_S` (50 us), or in
-  less than this process spent sending it. A process round trip then costs
-  more than the call: on the thread route a submit costs ~20 us, so threads
-  run such calls one after another (the GIL held) faster than this process
-  alone can send them to processes. 20,000 submits of ``operator.add``:
-  264 us per call on fork workers, ~26 us on a ``ThreadPoolExecutor``
-  (issue 14).
+* **waits**: on a CPU under :data:`~smartexec.gil.CPU_SHARE_WAITS` of the call,
+  unless half the GIL watches say it holds the GIL (on a loaded machine a
+  call queued for a core reads as waiting; the watches take that out);
+* **releases**: at least :data:`MIN_WATCHES` watches, not ``"holds"``;
+* **cheap**: it computes in under :data:`CHEAP_CALL_S`, or in less than this
+  process spent sending it: a process round trip costs more than the call.
 
-A verdict needs :data:`MIN_CALLS` (4) completed calls, of which at least
-:data:`AGREE` (three quarters) say the same (for *releases*, at least
-:data:`MIN_WATCHES` watches, three quarters of them not ``"holds"``): a
-single stalled call (a worker descheduled for 50 ms reads as a call that
-waited) is outvoted, and the figures quoted are medians. Until then every
-call runs in a worker process, so no call of a process-routed callable runs
-in the caller before the evidence says so.
-
-A *cheap* verdict gives way as soon as the calls it put on threads
-contradict it (issue 32: a verdict formed on 50 cheap calls kept 30 ms
-GIL-holding calls of the same function on threads, 1.28 s against
-``ProcessPoolExecutor``'s 0.66 s). The pool threads already time each call
-(``perf_counter`` at its start and end, for the stats): the calls of a
-callable moved by a cheap verdict go to a :class:`ThreadCalls` of its own,
-and every :data:`RECHECK_CALLS` completed calls the next submit reads them
-(:func:`contradiction`). When the median of the newest
-:data:`RECHECK_CALLS` is over :data:`DEAR_FACTOR` times what the verdict
-called cheap (``max(CHEAP_CALL_S, send_s, compute_s)``), the calls now
-cost more than a process round trip: :meth:`SubmitLearner.forget` drops
-the verdict and its figures, and the next submits take the policy's process
-route again and are learned afresh. Calls already queued on threads stay
-there (their futures are the thread pool's own).
-
-*waits* and *releases* verdicts are not re-checked: whether a call holds the
-GIL on a thread takes its thread's CPU clock at its start and end (a
-``time.thread_time()`` pair on every call, in the thread backend's call
-loop), which the pool threads do not read; their wall times alone cannot
-tell a call that waits from one queued for the GIL.
-
-While a callable's first :data:`MIN_CALLS` calls have not completed, at most
-:func:`send_ahead` of its calls are on their way to the workers at once (sent
-and not completed, :data:`SEND_AHEAD_PER_WORKER` per worker); later submits
-wait in this process, unsent, as ``ProcessPoolExecutor`` keeps calls beyond
-``max_workers + 1`` in its own queue. Each completed call lets the next one
-go, so the workers never run out of calls; a verdict moves the waiting ones
-to threads without their ever being pickled, and once the first calls have
-completed without one, every waiting call is sent. A burst of 20,000
-``submit(operator.add, ...)`` in a fresh process had sent each call to fork
-workers until the first four completed (60-250 us a call, the dispatcher
-thread fighting the submitting one for the GIL; a 30-90 ms wait), then moved
-1,300-2,400 queued calls: 0.43-1.06 s against a ``ThreadPoolExecutor``'s
-0.22-0.27 s.
-
-The executor applies a verdict only where the policy's reasons for processes
-are the callable's figures, not the user's or the callable's state: never
-for a callable shared by copy-on-write, a forced ``backend=``,
-``prefer="processes"``, an ``initializer``, a ``task_timeout`` or
-``max_tasks_per_child`` (see ``SmartExecutor.submit``).
+A *cheap* verdict gives way once the calls it put on threads contradict it
+(:func:`contradiction`, every :data:`RECHECK_CALLS` calls, timed by the pool
+threads in a :class:`ThreadCalls`); the others are not re-checked (a pool
+thread's wall time cannot tell waiting from queueing for the GIL). Until a
+callable's first calls complete, :func:`send_ahead` of them go to the
+workers at once and later ones wait unsent (as ``ProcessPoolExecutor``
+queues calls beyond ``max_workers + 1``), so a verdict moves them without
+their ever being pickled. Which callables may move, and the figures behind
+each rule: ``docs/routing.md``, "What submit() learns".
 """
 
 from __future__ import annotations
