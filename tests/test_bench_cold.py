@@ -137,6 +137,7 @@ def test_contenders_per_row():
     assert bench_cold.contenders(sleep, 8, 2, {"joblib"}) == [
         "serial",
         "threads",
+        "threads-64",
         "process-1",
         "joblib",
         "joblib-threads",
@@ -145,9 +146,14 @@ def test_contenders_per_row():
     assert bench_cold.contenders(submit, 20_000, 2, {"joblib", "mpire"}) == [
         "serial",
         "threads",
+        "threads-64",
         "process-1",
         "smartexec",
     ]
+    waits = cw.BY_NAME["submit-waits"]
+    assert bench_cold.contenders(waits, 400, 2, set()) == bench_cold.contenders(
+        submit, 20_000, 2, set()
+    )
 
 
 def test_stability_report_says_when_routes_differ():
