@@ -441,7 +441,9 @@ WAITING_TARGET_CORES = 1.0
 WAITING_GROWS_BELOW_CORES = 0.5
 
 
-def threads_for_waiting(busy_threads: float, cores_used: float, limit: int) -> int:
+def threads_for_waiting(
+    busy_threads: float, cores_used: float, limit: int, process_cores: float = 0.0
+) -> int:
     """How many threads waiting work wants, by Little's law; 0 when it does not wait. Pure.
 
     A pool whose busy threads are seldom runnable (they wait for I/O, a
@@ -457,15 +459,18 @@ def threads_for_waiting(busy_threads: float, cores_used: float, limit: int) -> i
         cores_used: cores the pool's threads were runnable for meanwhile
             (on a CPU or queued for one), on average (float >= 0).
         limit: the most threads (int >= 1).
+        process_cores: cores of CPU the whole process used meanwhile (float
+            >= 0): threads waiting for a GIL another thread holds are not
+            runnable, but the holder keeps the process on a core.
 
     Returns:
         ``ceil(busy_threads * WAITING_TARGET_CORES / cores_used)`` within
         ``limit``; 0 when fewer than one thread was busy, or the threads
         were runnable :data:`~smartexec.gil.CPU_SHARE_WAITS` of the time or
         more each, or kept :data:`WAITING_GROWS_BELOW_CORES` runnable
-        together.
+        together, or the process used that many cores of CPU.
     """
-    if busy_threads < 1 or cores_used >= WAITING_GROWS_BELOW_CORES:
+    if busy_threads < 1 or max(cores_used, process_cores) >= WAITING_GROWS_BELOW_CORES:
         return 0
     if cores_used >= CPU_SHARE_WAITS * busy_threads:
         return 0

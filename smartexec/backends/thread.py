@@ -91,7 +91,8 @@ class ThreadBackend(Backend):
             None starts at the stdlib's ``min(32, cpu_count + 4)`` and lets
             the pool grow, up to :data:`~smartexec.tuning.MAX_WAITING_THREADS`
             (less where the open-files limit is low), while calls queue and
-            its threads wait (I/O, sleeps): see :class:`_Widener`.
+            its threads wait (I/O, sleeps): see :class:`_Widener`. With an
+            ``initializer`` the width stays the stdlib's.
         cpu_count: CPUs this process may use.
         initializer: called as ``initializer(*initargs)`` once in each thread
             before its first chunk (None: nothing). When it raises, the
@@ -138,8 +139,9 @@ class ThreadBackend(Backend):
         #: ended, perf_counter() at the start of the one running or 0.0). Each
         #: thread replaces only its own entry, in one assignment: no lock.
         self._busy: dict[int, tuple[float, float]] = {}
-        #: Grows the pool for waiting work; None where the user fixed the width.
-        self._widener = _Widener(self) if max_workers is None else None
+        #: Grows the pool for waiting work; None where the user fixed the width,
+        #: or set an initializer (each new thread would run it: a connection each).
+        self._widener = _Widener(self) if max_workers is None and initializer is None else None
         #: submit_call()'s per-call function, one per CallLog (see _call_runner).
         self._runners: dict[CallLog | None, Callable[..., Any]] = {}
         _LIVE_THREAD_BACKENDS.add(self)
@@ -516,7 +518,11 @@ class _Widener:
     they were runnable for since its last look (the backend's
     :meth:`~ThreadBackend.threads_busy_s` and
     :meth:`~ThreadBackend.threads_wanted_s`, its CPU clocks where schedstat
-    cannot be read), and widens the pool to what Little's law gives. A
+    cannot be read), and the process's CPU seconds meanwhile, and widens
+    the pool to what Little's law gives. The process's CPU tells waiting
+    from taking turns on the GIL: pool threads that wait for a GIL held by
+    another thread (the caller's, dispatching chunks) are not runnable
+    either, but the holder keeps the process on a core. A
     pool never narrows: idle threads wait for work at no cost, and leave
     at shutdown or before a fork (:meth:`ThreadBackend.release_idle`).
     The width is at most :data:`~smartexec.tuning.MAX_WAITING_THREADS` and
@@ -527,14 +533,16 @@ class _Widener:
     3.14), and does nothing where they are missing.
     """
 
-    __slots__ = ("_backend", "_lock", "_last", "due", "limit")
+    __slots__ = ("_backend", "_lock", "_last", "due", "limit", "process_cpu")
 
     def __init__(self, backend: ThreadBackend):
         self._backend = weakref.ref(backend)  # the pool's runners hold this object
         self._lock = threading.Lock()
-        self._last: tuple[float, float, float] | None = None  # (time, busy s, runnable s)
+        #: (time, busy s, runnable s, process CPU s) at the last look
+        self._last: tuple[float, float, float, float] | None = None
         self.due = 0.0
         self.limit = max(backend.max_workers, _open_files_limit())
+        self.process_cpu: Callable[[], float] = time.process_time
 
     def check(self, now: float) -> None:
         """Look at the pool (at most one thread at a time; the others go on)."""
@@ -564,13 +572,14 @@ class _Widener:
             runnable = backend.threads_cpu_s()
         if runnable is None:
             return
-        self._last = (now, backend.threads_busy_s(), runnable)
+        self._last = (now, backend.threads_busy_s(), runnable, self.process_cpu())
         if last is None or now - last[0] > 4 * WIDEN_EVERY_S:
             return  # a first look, or a stale one: the next look compares
         wall = now - last[0]
-        wider = threads_for_waiting(
-            (self._last[1] - last[1]) / wall, (runnable - last[2]) / wall, self.limit
+        busy, runnable_cores, process_cores = (
+            (new - old) / wall for new, old in zip(self._last[1:], last[1:])
         )
+        wider = threads_for_waiting(busy, runnable_cores, self.limit, process_cores)
         if wider > width:
             backend._widen(pool, wider, in_flight - width)
 

@@ -37,18 +37,26 @@ def test_threads_for_waiting_is_littles_law(busy, cores, limit, width):
     assert threads_for_waiting(busy, cores, limit) == width
 
 
+def test_pool_threads_waiting_for_a_gil_held_elsewhere_are_not_waiting_work():
+    # The caller's thread holds the GIL (dispatching chunks): the pool threads
+    # are not runnable, but the process keeps a core busy.
+    assert threads_for_waiting(6, 0.05, 128, process_cores=0.9) == 0
+    assert threads_for_waiting(6, 0.05, 128, process_cores=0.1) == 120
+
+
 def test_a_waiting_pool_keeps_its_target_cores_runnable():
     width = threads_for_waiting(4, 0.01, 10_000)
     assert width * (0.01 / 4) == pytest.approx(WAITING_TARGET_CORES, rel=0.01)
 
 
 class _Figures:
-    """Injected clocks for a backend's widener: busy thread-seconds and runnable seconds."""
+    """Injected clocks for a backend's widener: busy thread-seconds, runnable and process CPU seconds."""
 
     def __init__(self, backend, monkeypatch):
-        self.busy = self.runnable = 0.0
+        self.busy = self.runnable = self.process = 0.0
         monkeypatch.setattr(backend, "threads_busy_s", lambda: self.busy)
         monkeypatch.setattr(backend, "threads_wanted_s", lambda: self.runnable)
+        backend._widener.process_cpu = lambda: self.process
 
 
 def _queued_pool(backend, calls):
@@ -58,9 +66,13 @@ def _queued_pool(backend, calls):
     return release, futures
 
 
-@pytest.mark.parametrize(("runnable_cores", "grows"), [(0.01, True), (1.0, False)])
+@pytest.mark.parametrize(
+    ("runnable_cores", "process_cores", "grows"),
+    [(0.01, 0.01, True), (1.0, 1.0, False), (0.01, 0.9, False)],
+    ids=["waiting", "gil-held-by-the-pool", "gil-held-by-another-thread"],
+)
 def test_the_widener_grows_a_queued_pool_only_when_its_threads_wait(
-    monkeypatch, runnable_cores, grows
+    monkeypatch, runnable_cores, process_cores, grows
 ):
     backend = ThreadBackend(None, 2)
     figures = _Figures(backend, monkeypatch)
@@ -69,6 +81,7 @@ def test_the_widener_grows_a_queued_pool_only_when_its_threads_wait(
         widener = backend._widener
         widener.check(100.0)  # the first look: a baseline
         figures.busy, figures.runnable = 6 * 0.02, runnable_cores * 0.02
+        figures.process = process_cores * 0.02
         widener.check(100.02)
         assert (backend.max_workers > 6) == grows
         if grows:
@@ -112,6 +125,8 @@ def test_a_stale_look_is_only_a_baseline(monkeypatch):
 
 def test_a_width_the_user_fixed_never_grows():
     assert ThreadBackend(6, 2)._widener is None
+    # Each new thread would run the initializer (a connection each, say).
+    assert ThreadBackend(None, 2, initializer=print)._widener is None
     assert ThreadBackend(None, 2)._widener.limit <= max(6, MAX_WAITING_THREADS)
 
 
@@ -134,16 +149,3 @@ def test_submits_of_sleeps_grow_the_pool():
         futures = [ex.submit(nap, i) for i in range(200)]
         assert [f.result(timeout=60) for f in futures] == list(range(200))
         assert ex._backends["thread"].max_workers > 6
-
-
-def under_the_gil(x):
-    total = 0
-    for i in range(20_000):
-        total += i
-    return x
-
-
-def test_a_map_holding_the_gil_does_not_grow_the_pool():
-    with SmartExecutor(backend="thread") as ex:
-        assert list(ex.map(under_the_gil, range(400), chunksize=1)) == list(range(400))
-        assert ex._backends["thread"].max_workers == 6
