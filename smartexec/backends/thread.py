@@ -34,8 +34,8 @@ from .._threads import (
 )
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..stats import CALLS_BATCH, CallLog
-from ..tuning import MAX_WAITING_THREADS, threads_for_waiting
 from ._base import Backend
+from ._widener import _peek, _Widener
 
 __all__ = ["ThreadBackend"]
 
@@ -490,100 +490,6 @@ class ThreadBackend(Backend):
                         self._pool = None
 
 
-#: Seconds between two looks at whether a pool should grow (each reads every
-#: pool thread's schedstat: ~5 us a thread).
-WIDEN_EVERY_S = 0.005
-
-
-def _open_files_limit() -> int:
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):
-        return MAX_WAITING_THREADS
-    return (
-        MAX_WAITING_THREADS
-        if soft == resource.RLIM_INFINITY
-        else min(MAX_WAITING_THREADS, soft // 8)
-    )
-
-
-class _Widener:
-    """Grows a pool whose threads wait while calls queue for them (:func:`~smartexec.tuning.threads_for_waiting`).
-
-    A pool thread that ends a call or chunk looks, at most every
-    :data:`WIDEN_EVERY_S`, at the calls queued beyond the pool's width;
-    while some are, it reads how many threads were busy and how many cores
-    they were runnable for since its last look (the backend's
-    :meth:`~ThreadBackend.threads_busy_s` and
-    :meth:`~ThreadBackend.threads_wanted_s`, its CPU clocks where schedstat
-    cannot be read), and the process's CPU seconds meanwhile, and widens
-    the pool to what Little's law gives. The process's CPU tells waiting
-    from taking turns on the GIL: pool threads that wait for a GIL held by
-    another thread (the caller's, dispatching chunks) are not runnable
-    either, but the holder keeps the process on a core. A
-    pool never narrows: idle threads wait for work at no cost, and leave
-    at shutdown or before a fork (:meth:`ThreadBackend.release_idle`).
-    The width is at most :data:`~smartexec.tuning.MAX_WAITING_THREADS` and
-    an eighth of the open-files limit (each call may hold a socket).
-
-    Only where the user left ``max_workers`` unset; it reaches into the
-    stdlib pool's ``_max_workers`` and ``_adjust_thread_count`` (3.10 to
-    3.14), and does nothing where they are missing.
-    """
-
-    __slots__ = ("_backend", "_lock", "_last", "due", "limit", "process_cpu")
-
-    def __init__(self, backend: ThreadBackend):
-        self._backend = weakref.ref(backend)  # the pool's runners hold this object
-        self._lock = threading.Lock()
-        #: (time, busy s, runnable s, process CPU s) at the last look
-        self._last: tuple[float, float, float, float] | None = None
-        self.due = 0.0
-        self.limit = max(backend.max_workers, _open_files_limit())
-        self.process_cpu: Callable[[], float] = time.process_time
-
-    def check(self, now: float) -> None:
-        """Look at the pool (at most one thread at a time; the others go on)."""
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            self.due = now + WIDEN_EVERY_S
-            backend = self._backend()
-            if backend is not None:
-                self._look(backend, now)
-        except Exception:  # pragma: no cover - sizing must never fail a call
-            pass
-        finally:
-            self._lock.release()
-
-    def _look(self, backend: ThreadBackend, now: float) -> None:
-        pool = backend._pool
-        width = getattr(pool, "_max_workers", None)
-        if pool is None or width is None or width >= self.limit:
-            return
-        in_flight = backend._pending + _peek(backend._calls_in) - _peek(backend._calls_out)
-        last, self._last = self._last, None
-        if in_flight <= width:
-            return  # nothing queued: the width serves
-        runnable = backend.threads_wanted_s()
-        if runnable is None:
-            runnable = backend.threads_cpu_s()
-        if runnable is None:
-            return
-        self._last = (now, backend.threads_busy_s(), runnable, self.process_cpu())
-        if last is None or now - last[0] > 4 * WIDEN_EVERY_S:
-            return  # a first look, or a stale one: the next look compares
-        wall = now - last[0]
-        busy, runnable_cores, process_cores = (
-            (new - old) / wall for new, old in zip(self._last[1:], last[1:])
-        )
-        wider = threads_for_waiting(busy, runnable_cores, self.limit, process_cores)
-        if wider > width:
-            backend._widen(pool, wider, in_flight - width)
-
-
 class _Unclocked:
     """A callable to run without reading the thread's CPU clock (:meth:`ThreadBackend.unclocked`)."""
 
@@ -675,11 +581,6 @@ def _run_capped(
             if widener is not None and end >= widener.due:
                 widener.check(end)
         user_code_ends(ident)
-
-
-def _peek(counter: itertools.count[int]) -> int:
-    """The value ``next(counter)`` would return, without advancing it."""
-    return int(repr(counter)[6:-1])
 
 
 _IDLE = (0.0, 0.0)
