@@ -374,6 +374,8 @@ def prediction_note(workload: cw.Workload, runs: list[Run]) -> str | None:
         total = sum(n.values()) if n else 0
         if not predicted or r.wall_s is None or not predicted["left"] or not total:
             continue
+        if predicted["seconds"] <= 0:
+            continue  # under the reason's 1 ms resolution ("0.000 s"): nothing to compare
         pairs.append((predicted["seconds"] * total / predicted["left"], r.wall_s, predicted))
     if not pairs:
         return None
