@@ -11,9 +11,9 @@ from __future__ import annotations
 import types
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["identity_key", "WeakCallable"]
+__all__ = ["identity_key", "WeakCallable", "WeakRecords"]
 
 
 def identity_key(fn: Any) -> Hashable:
@@ -134,3 +134,47 @@ class WeakCallable:
         if isinstance(fn, (types.MethodType, types.BuiltinMethodType)) and hasattr(fn, "__self__"):
             return live.__self__ is fn.__self__ and live == fn
         return live is fn
+
+
+class _Record(Protocol):
+    handle: WeakCallable
+
+
+R = TypeVar("R", bound=_Record)
+
+
+class WeakRecords(dict[Hashable, R]):
+    """What is known of each callable, by :func:`identity_key`: one record each, behind its own weak handle.
+
+    A record (any object with a ``handle`` attribute, set by :meth:`keep`)
+    goes when its callable dies, and a callable that cannot be weakly
+    referenced gets none: a cache must never keep a user's object alive.
+    It is a plain dict besides (look-ups by key, ``clear``, iteration):
+    single dict calls are atomic; a caller that reads and then writes holds
+    its own lock. The weak-reference callback takes no lock (it may run in
+    the garbage collector while a thread holds one).
+    """
+
+    def find(self, fn: Any, key: Hashable | None = None) -> R | None:
+        """``fn``'s record, or None (none kept, or the key's callable died and its id came back).
+
+        ``key``: ``identity_key(fn)``, when the caller has it already.
+        """
+        record = self.get(identity_key(fn) if key is None else key)
+        if record is None or not record.handle.matches(fn):
+            return None
+        return record
+
+    def keep(self, fn: Any, record: R, key: Hashable | None = None) -> bool:
+        """Keep ``record`` as ``fn``'s while ``fn`` lives; False (nothing kept) when it cannot be weakly referenced."""
+        key = identity_key(fn) if key is None else key
+
+        def forget() -> None:  # not another callable's record under a reused id
+            if self.get(key) is record:
+                self.pop(key, None)
+
+        record.handle = WeakCallable(fn, forget)
+        if not record.handle.weak:
+            return False
+        self[key] = record
+        return True

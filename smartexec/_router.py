@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _profiles, _threads
-from ._identity import WeakCallable, identity_key
+from ._identity import WeakCallable, WeakRecords, identity_key
 from ._reasons import (
     INITIALIZER_BY_VALUE,
     INITIALIZER_BY_VALUE_RULE,
@@ -106,7 +106,7 @@ def _with_thread_census(decision: Decision, found: _threads.ThreadCensus) -> Dec
 class _Routed:
     """What routing knows of one callable: its decision, its per-item estimate, and under what census.
 
-    Held weakly (:attr:`handle`): a dead callable's record goes with it.
+    Kept in a :class:`~smartexec._identity.WeakRecords`: it goes with its callable.
     """
 
     __slots__ = ("handle", "decision", "estimate", "with_threads")
@@ -143,7 +143,7 @@ class Router:
         self._lock = lock
         self._initializer = initializer
         #: identity key -> what routing knows of a callable (see _Routed).
-        self._routes: dict[Any, _Routed] = {}
+        self._routes: WeakRecords[_Routed] = WeakRecords()
 
     def route(
         self, fn: Callable[..., Any], task_timeout: float | None = None, record: bool = True
@@ -170,9 +170,7 @@ class Router:
         make it alike) but not logged.
         """
         key = identity_key(fn)
-        cached = self._routes.get(key)
-        if cached is not None and not cached.handle.matches(fn):
-            cached = None
+        cached = self._routes.find(fn, key)
         if cached is not None:
             decision, estimate = cached.decision, cached.estimate
             if decision.backend == "thread" and not (
@@ -220,16 +218,7 @@ class Router:
                 estimate.loop_here = starts_in_loop(stored.backend, stored.per_item_s)
             decision = self._where_it_ended(decision, stored)
         decision = _with_thread_census(decision, found)
-        routes = self._routes  # the weakref callback must not hold self
-        routed = _Routed(decision, estimate, threads > 0)
-
-        def forget() -> None:  # not another callable's record under a reused id
-            if routes.get(key) is routed:
-                routes.pop(key, None)
-
-        routed.handle = WeakCallable(fn, forget)
-        if routed.handle.weak:
-            routes[key] = routed
+        self._routes.keep(fn, _Routed(decision, estimate, threads > 0), key)
         if record:
             self._log.append(decision)
         return decision, estimate
@@ -381,8 +370,8 @@ class Router:
         key = identity_key(fn)
         reason = Reason(LAST_MAP_RULE, f"its last map: {why}")
         with self._lock:
-            cached = self._routes.get(key)
-            if cached is not None and cached.handle.matches(fn):
+            cached = self._routes.find(fn, key)
+            if cached is not None:
                 kept = tuple(r for r in decision.reasons if rule_of(r) != LAST_MAP_RULE)
                 if decision.backend in ("thread", "inline"):
                     kept = reasons_off_processes(kept)  # moved there on its figures
@@ -398,8 +387,8 @@ class Router:
         remember(fn, gil)
         key = identity_key(fn)
         with self._lock:
-            cached = self._routes.get(key)
-            if cached is not None and cached.handle.matches(fn):
+            cached = self._routes.find(fn, key)
+            if cached is not None:
                 cached.decision = new
             self._log.append(new)
         return new

@@ -37,7 +37,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._identity import WeakCallable, identity_key
+from ._identity import WeakCallable, WeakRecords, identity_key
 from ._remote import ChunkResult
 from .gil import CPU_SHARE_WAITS, GilProfile
 from .stats import CALLS_BATCH, CallLog
@@ -200,7 +200,7 @@ class _Evidence:
     __slots__ = ("handle", "calls", "watches", "verdict")
 
     def __init__(self) -> None:
-        self.handle: WeakCallable | None = None
+        self.handle: WeakCallable = None  # type: ignore[assignment]  # set by WeakRecords.keep
         # (compute_s, cpu_s, send_s) per call, the newest last.
         self.calls: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=WINDOW)
         self.watches: collections.deque[GilProfile] = collections.deque(maxlen=WINDOW)
@@ -271,19 +271,15 @@ class SubmitLearner:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._evidence: dict[Hashable, _Evidence] = {}
+        self._evidence: WeakRecords[_Evidence] = WeakRecords()
 
     def verdict(self, fn: Any, key: Hashable | None = None) -> Learned | None:
         """The verdict for ``fn``, or None (not enough agreeing evidence yet). Lock-free.
 
         ``key``: ``identity_key(fn)``, when the caller has it already.
         """
-        entry = self._evidence.get(identity_key(fn) if key is None else key)
-        if entry is None or entry.verdict is None:
-            return None
-        if entry.handle is None or not entry.handle.matches(fn):
-            return None
-        return entry.verdict
+        entry = self._evidence.find(fn, key)
+        return None if entry is None else entry.verdict
 
     def record(self, fn: Any, result: ChunkResult, send_s: float, backend: str) -> Learned | None:
         """Add one completed call's figures for ``fn``; return the verdict if this gives one.
@@ -300,13 +296,11 @@ class SubmitLearner:
         """
         key = identity_key(fn)
         with self._lock:
-            entry = self._evidence.get(key)
-            if entry is None or entry.handle is None or not entry.handle.matches(fn):
+            entry = self._evidence.find(fn, key)
+            if entry is None:
                 entry = _Evidence()
-                entry.handle = WeakCallable(fn, self._forget(key, entry))
-                if not entry.handle.weak:
+                if not self._evidence.keep(fn, entry, key):
                     return None
-                self._evidence[key] = entry
             if entry.verdict is not None:
                 return None
             entry.calls.append((result.compute_s, result.cpu_s, send_s))
@@ -329,17 +323,6 @@ class SubmitLearner:
             entry.calls.clear()
             entry.watches.clear()
             return True
-
-    def _forget(self, key: Hashable, entry: _Evidence) -> Any:
-        evidence = self._evidence  # the weakref callback must not hold self
-
-        def forget() -> None:
-            # May run inside the garbage collector while a thread holds the
-            # lock: dict calls are atomic, so no lock here.
-            if evidence.get(key) is entry:
-                evidence.pop(key, None)
-
-        return forget
 
 
 class ThreadCalls(CallLog):

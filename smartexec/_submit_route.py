@@ -36,7 +36,7 @@ from . import _profiles
 from ._call_future import CallFuture
 from ._context import on_threads
 from ._diagnose import explain_pickling, is_pickling_failure
-from ._identity import WeakCallable, identity_key
+from ._identity import WeakRecords, identity_key
 from ._reasons import reasons_off_processes
 from ._remote import Call, ChunkResult
 from ._sender import send_chunk
@@ -99,7 +99,7 @@ class SubmitRoute:
         self._max_retries = executor._max_retries
         self._plain = not executor._options.initializer
         #: identity key -> what its submits know of the callable (one record each).
-        self.known: dict[Any, _Known] = {}
+        self.known: WeakRecords[_Known] = WeakRecords()
         self.lock = threading.RLock()
         self.idle = threading.Condition(self.lock)
         self.movers: list[int] = []  # the threads moving calls now (see shutdown)
@@ -297,23 +297,12 @@ class SubmitRoute:
 
     def _known(self, fn: Any, key: Any) -> _Known | None:
         """``fn``'s record (made now if need be), or None when ``fn`` cannot be weakly referenced."""
-        known = self.known.get(key)
-        if known is not None and known.handle.matches(fn):
-            return known
-        records = self.known  # the weakref callback must not hold self
-        made = _Known()
-
-        def forget() -> None:
-            # May run in the garbage collector while a thread holds a lock:
-            # dict calls are atomic, so no lock here.
-            if records.get(key) is made:
-                records.pop(key, None)
-
-        made.handle = WeakCallable(fn, forget)
-        if not made.handle.weak:
-            return None
-        records[key] = made  # a dead callable's record under a reused id goes
-        return made
+        known = self.known.find(fn, key)
+        if known is None:
+            known = _Known()
+            if not self.known.keep(fn, known, key):
+                return None
+        return known
 
     def park(
         self,

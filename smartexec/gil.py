@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._identity import WeakCallable, identity_key
+from ._identity import WeakCallable, WeakRecords, identity_key
 from ._system import SchedReader, sched_times
 from ._threads import foreign_thread_ids, is_ours, own_thread
 
@@ -471,23 +471,13 @@ class _Measured:
     __slots__ = ("handle", "profile", "maps")
 
     def __init__(self, profile: GilProfile):
-        self.handle: WeakCallable | None = None
+        self.handle: WeakCallable = None  # type: ignore[assignment]  # set by WeakRecords.keep
         self.profile = profile
         self.maps = 0
 
 
-_measured: dict[Hashable, _Measured] = {}
+_measured: WeakRecords[_Measured] = WeakRecords()
 _measured_lock = threading.Lock()
-
-
-def _forget(key: Hashable, entry: _Measured) -> Callable[[], None]:
-    # Runs from a weakref callback, maybe inside the garbage collector while
-    # this thread holds _measured_lock: so no lock here (dict calls are atomic).
-    def forget() -> None:
-        if _measured.get(key) is entry:
-            _measured.pop(key, None)
-
-    return forget
 
 
 def remember(fn: Callable[..., Any], profile: GilProfile) -> None:
@@ -496,31 +486,20 @@ def remember(fn: Callable[..., Any], profile: GilProfile) -> None:
     Callables that cannot be weakly referenced are not kept (a cache must
     never keep a user's object alive).
     """
-    key = identity_key(fn)
-    entry = _Measured(profile)
-    entry.handle = WeakCallable(fn, _forget(key, entry))
-    if entry.handle.weak:
-        with _measured_lock:
-            _measured[key] = entry
-
-
-def _entry(fn: Callable[..., Any]) -> _Measured | None:
-    entry = _measured.get(identity_key(fn))
-    if entry is None or entry.handle is None or not entry.handle.matches(fn):
-        return None
-    return entry
+    with _measured_lock:
+        _measured.keep(fn, _Measured(profile))
 
 
 def recall(fn: Callable[..., Any]) -> GilProfile | None:
     """Return ``fn``'s last measurement, or None."""
-    entry = _entry(fn)
+    entry = _measured.find(fn)
     return None if entry is None else entry.profile
 
 
 def recheck_due(fn: Callable[..., Any]) -> bool:
     """Count one map of ``fn``; True on every :data:`GIL_RECHECK_MAPS`-th since its measurement."""
     with _measured_lock:
-        entry = _entry(fn)
+        entry = _measured.find(fn)
         if entry is None:
             return True
         entry.maps += 1

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 
-from smartexec._identity import WeakCallable, identity_key
+from smartexec._identity import WeakCallable, WeakRecords, identity_key
 
 from ._children import run_python
 
@@ -90,3 +91,30 @@ with SmartExecutor(2) as ex:
     assert result.stdout.split("\n")[0] == "[1, 2, 3, 4, 5] 2"
     assert "Exception ignored" not in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+class _Rec:
+    handle = None
+
+
+def test_weak_records_keep_a_record_while_its_callable_lives_and_never_keep_it_alive():
+    records = WeakRecords()
+
+    def fn():
+        return 1
+
+    first = _Rec()
+    assert records.keep(fn, first) and records.find(fn) is first
+    ref = weakref.ref(fn)
+    del fn
+    gc.collect()
+    assert ref() is None and not records  # it went with its callable
+
+    class Holder:
+        def method(self):
+            return 2
+
+    a, b = Holder(), Holder()
+    records.keep(a.method, _Rec())
+    assert records.find(b.method) is None  # another object's method: not its record
+    assert not records.keep([].append, _Rec()) and len(records) == 1  # held strongly: not kept
