@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from ..tuning import MAX_WAITING_THREADS, threads_for_waiting
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from .thread import ThreadBackend
 
 __all__ = ["WIDEN_EVERY_S"]
@@ -112,7 +114,28 @@ class _Widener:
         )
         wider = threads_for_waiting(busy, runnable_cores, self.limit, process_cores)
         if wider > width:
-            backend._widen(pool, wider, in_flight - width)
+            _widen(backend, pool, wider, in_flight - width)
+
+
+def _widen(backend: ThreadBackend, pool: ThreadPoolExecutor, width: int, queued: int) -> None:
+    """Let ``pool`` run ``width`` threads, and start threads for up to ``queued`` calls now."""
+    with backend._lock:
+        if backend._pool is not pool or backend._closed:
+            return
+        backend.max_workers = width  # a pool the backend starts later gets it too
+    lock = getattr(pool, "_shutdown_lock", None)
+    adjust = getattr(pool, "_adjust_thread_count", None)
+    if lock is None or adjust is None:
+        return
+    with lock:
+        if getattr(pool, "_shutdown", True):
+            return
+        pool._max_workers = width
+        try:
+            for _ in range(min(queued, width)):
+                adjust()
+        except RuntimeError:  # no new thread at interpreter shutdown
+            pass
 
 
 def _peek(counter: itertools.count[int]) -> int:

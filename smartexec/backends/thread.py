@@ -266,26 +266,6 @@ class ThreadBackend(Backend):
         """
         return _marked(self)
 
-    def _widen(self, pool: ThreadPoolExecutor, width: int, queued: int) -> None:
-        """Let ``pool`` run ``width`` threads, and start threads for up to ``queued`` calls now."""
-        with self._lock:
-            if self._pool is not pool or self._closed:
-                return
-            self.max_workers = width
-        lock = getattr(pool, "_shutdown_lock", None)
-        adjust = getattr(pool, "_adjust_thread_count", None)
-        if lock is None or adjust is None:
-            return
-        with lock:
-            if getattr(pool, "_shutdown", True):
-                return
-            pool._max_workers = width
-            try:
-                for _ in range(min(queued, width)):
-                    adjust()
-            except RuntimeError:  # no new thread at interpreter shutdown
-                pass
-
     def _finished(self, _: Future[Any]) -> None:
         with self._lock:
             self._pending -= 1
