@@ -331,7 +331,20 @@ class Backend(abc.ABC):
     ) -> Future[Any]:
         """Run one call with no chunk; return a future of its result (where ``calls_directly``).
 
-        See :meth:`smartexec.backends.thread.ThreadBackend.submit_call`.
+        ``submit``'s fast route (see
+        :meth:`smartexec.backends.thread.ThreadBackend.submit_call`).
+
+        Args:
+            fn: the callable.
+            args: its positional arguments (tuple).
+            kwargs: its keyword arguments (dict).
+            on_done: where the worker counts the call once it is over (a
+                :class:`~smartexec.stats.CallLog`), or None.
+            context: the ``contextvars.Context`` the call runs in a copy
+                of, or None for the worker's own.
+
+        Returns:
+            A ``concurrent.futures.Future`` of what ``fn`` returns (or raises).
 
         Raises:
             NotImplementedError: the backend runs calls in chunks only (the default).
@@ -364,7 +377,16 @@ class Backend(abc.ABC):
         return False
 
     def pool_clocks(self) -> PoolClocks | None:
-        """The clocks of this backend's worker threads, where it has them in this process; else None."""
+        """The clocks of this backend's worker threads, where it has them in this process.
+
+        Read by a map on threads to tell items that wait from items that
+        take turns on the GIL (each figure in seconds, summed over the
+        threads; see :class:`PoolClocks`).
+
+        Returns:
+            A :class:`PoolClocks`, or None (the default: no worker threads
+            in this process).
+        """
         return None
 
     def describe(self, fn: Callable[..., Any]) -> tuple[str, ...]:
