@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
+from smartexec import SmartExecutor
 from smartexec.inspection import (
     inspect_callable,
     locate_unpicklable,
@@ -162,6 +163,35 @@ def test_non_contiguous_arrays_are_counted_without_copying():
 def test_sizing_stops_at_the_cap():
     size = payload_size(list(range(2_000_000)), cap_bytes=100_000)
     assert size.capped and 100_000 < size.nbytes < 300_000
+
+
+class _Counted:
+    """Counts how many of its kind a pickler visited."""
+
+    reduced = 0
+
+    def __reduce__(self):
+        _Counted.reduced += 1
+        return (_Counted, ())
+
+
+class ManyObjects:
+    def __init__(self, n):
+        self.parts = [_Counted() for _ in range(n)]
+
+    def count(self, i):
+        return len(self.parts) + i
+
+
+def test_routing_sizes_a_state_only_as_far_as_the_decision_needs():
+    # Issue 34: a dict of 1.5 M entries was pickled to its end (0.84 s) to
+    # learn that it is over big_state_bytes.
+    obj = ManyObjects(200_000)
+    _Counted.reduced = 0
+    with SmartExecutor(big_state_bytes=32 << 10) as ex:
+        decision = ex.explain(obj.count)
+    assert decision.share and "holds >" in str(decision)  # a lower bound, honestly
+    assert 0 < _Counted.reduced < 50_000  # stopped past 32 KiB (a 64 KiB frame), not at the end
 
 
 def test_unpicklable_state_is_reported_not_raised():

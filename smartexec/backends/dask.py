@@ -330,7 +330,7 @@ class DaskBackend(Backend):
                 f"(scattered once, key {kept.future.key!r})"
             )
         else:
-            profile = inspect_callable(fn)
+            profile = inspect_callable(fn, cap_bytes=SCATTER_BYTES)
             if profile.state.error is None and self._big(profile.state):
                 notes.append(
                     f"{profile.state_holder} ({profile.state}) will be scattered to every "
@@ -376,7 +376,7 @@ class DaskBackend(Backend):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             kept = self._kept_callable(fn)
             if kept is None:
-                state = inspect_callable(fn).state
+                state = inspect_callable(fn, cap_bytes=SCATTER_BYTES).state
                 future = None
                 if state.error is None and self._big(state):
                     future = self._scatter(fn, broadcast=True)
