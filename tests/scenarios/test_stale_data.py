@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from smartexec import SmartExecutor, transport
+from smartexec.backends.fork import _backend as fork_backend
+from smartexec.tuning import digest_pays
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -145,7 +147,19 @@ def test_an_unchanged_big_state_is_still_sent_once_on_loky(big_segments):
         assert big_segments.count(holder.array.nbytes) == 1
 
 
-def test_fork_submits_of_an_unchanged_object_reuse_their_pool():
+@pytest.fixture
+def proof_by_digest(monkeypatch):
+    """Injected figures: a digest always costs less than a fresh pool (the pool is reused)."""
+    monkeypatch.setattr(fork_backend, "digest_pays", lambda digest_s, fork_s: True)
+
+
+@pytest.fixture
+def proof_by_fork(monkeypatch):
+    """Injected figures: a digest always costs more than a fresh pool (each submit forks)."""
+    monkeypatch.setattr(fork_backend, "digest_pays", lambda digest_s, fork_s: False)
+
+
+def test_fork_submits_of_an_unchanged_object_reuse_their_pool(proof_by_digest):
     holder = Holder()
     with SmartExecutor(2, backend="fork") as ex:
         assert ex.submit(holder.value, "attribute").result(timeout=60) == 1.0
@@ -156,6 +170,26 @@ def test_fork_submits_of_an_unchanged_object_reuse_their_pool():
         holder.attribute = 5.0
         assert ex.submit(holder.value, "attribute").result(timeout=60) == 5.0
         assert ex._backends["fork"]._pool is not pool
+
+
+def test_fork_submits_whose_digest_costs_more_than_a_pool_fork_anew_and_see_each_change(
+    proof_by_fork,
+):
+    holder = Holder()
+    with SmartExecutor(2, backend="fork") as ex:
+        seen = []
+        for value in (1.0, 1.0, 2.0, 3.0):
+            holder.attribute = value
+            seen.append(ex.submit(holder.value, "attribute").result(timeout=60))
+            seen.append(ex._backends["fork"]._pool)
+        assert seen[0::2] == [1.0, 1.0, 2.0, 3.0]
+        assert len({id(pool) for pool in seen[1::2]}) == 4  # no digest: a pool each
+
+
+def test_a_submits_proof_follows_the_measured_costs():
+    assert digest_pays(None, None) and digest_pays(None, 0.01) and digest_pays(0.5, None)
+    assert digest_pays(0.001, 0.01)  # a small state: the digest is cheaper
+    assert not digest_pays(0.14, 0.013)  # 200 MiB digested against a fresh pool
 
 
 # -- memory-mapped arguments -----------------------------------------------------

@@ -10,6 +10,7 @@ import multiprocessing.connection
 import multiprocessing.util  # noqa: F401 - its atexit hook must be registered before ours
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ from ..._sender import Sender, quick_to_pickle
 from ..._system import deferred_interrupts
 from ...errors import InitializerError
 from ...inspection import callable_name
+from ...tuning import digest_pays
 from .._base import Backend, check_open_files
 from ._children import STOP_TIMEOUT_S
 from ._parts import _LIVE_POOLS, _OWNER_LOCK, _QUIESCE_LOCK, _Task
@@ -79,11 +81,14 @@ class _Prepared:
 
 
 class _Entry:
-    __slots__ = ("token", "handle")
+    """A shared callable's trampoline token, and what a digest of its state last cost."""
+
+    __slots__ = ("token", "handle", "digest_s")
 
     def __init__(self, token: int, handle: WeakCallable):
         self.token = token
         self.handle = handle
+        self.digest_s: float | None = None  # seconds, this process
 
 
 class ForkBackend(Backend):
@@ -148,6 +153,7 @@ class ForkBackend(Backend):
         #: Orders calls and forks: a pool born after a call's epoch forked
         #: after that call, so its snapshot is at least as new as the call.
         self._epochs = itertools.count(1)
+        self._fork_s: float | None = None  # seconds the last new pool took to start, here
         self._sender = Sender(self.name)  # pickles what is not plain data, in order
 
     @property
@@ -185,13 +191,23 @@ class ForkBackend(Backend):
         buffers out of band and hashes them in place; the pool forked for a
         submit records it. A state that cannot be pickled (one reason to
         share it) cannot be proven current: each such submit forks a new pool.
+        Nor is a state whose last digest took longer than the last new pool
+        took to start (:func:`smartexec.tuning.digest_pays`): a fresh pool is
+        then the cheaper proof.
         """
         if not share:
             return fn
-        try:
-            digest: bytes | None = _fingerprint.digest(fn)
-        except Exception:
-            digest = None
+        with self._lock:
+            entry = self._entry(fn)
+            proves = digest_pays(entry.digest_s, self._fork_s)
+        digest: bytes | None = None
+        if proves:
+            start = time.perf_counter()
+            try:
+                digest = _fingerprint.digest(fn)
+            except Exception:
+                pass
+            entry.digest_s = time.perf_counter() - start
         with self._lock:
             token = self._token(fn)
             pool = self._pool
@@ -208,6 +224,10 @@ class ForkBackend(Backend):
 
     def _token(self, fn: Any) -> int:
         """The trampoline token of shared callable ``fn`` (under the lock)."""
+        return self._entry(fn).token
+
+    def _entry(self, fn: Any) -> _Entry:
+        """Shared callable ``fn``'s entry, made on first use (under the lock)."""
         key = identity_key(fn)
         entry = self._entries.get(key)
         if entry is None or not entry.handle.matches(fn):
@@ -215,7 +235,7 @@ class ForkBackend(Backend):
             self._entries[key] = entry
             if not entry.handle.weak:
                 self._bound_strong_entries()
-        return entry.token
+        return entry
 
     def refresh(self, fn: Any) -> bool:
         """Forget ``fn``'s trampoline token; its next chunks fork a new pool.
@@ -293,6 +313,7 @@ class ForkBackend(Backend):
                     pool.retire()
                     self._retired = [p for p in self._retired if not p.done] + [pool]
                 born = next(self._epochs)  # taken before the fork: no later call is older
+                start = time.perf_counter()
                 pool = self._pool = _ForkPool(
                     self.max_workers,
                     self._live_objects,
@@ -304,6 +325,7 @@ class ForkBackend(Backend):
                     first=first,
                 )
                 pool.born = born
+                self._fork_s = time.perf_counter() - start
                 if token is not None and digest is not None:
                     pool.digests[token] = digest
             return pool
