@@ -51,6 +51,8 @@ def make_closure(n: int) -> Any:
 def _norm(value: Any) -> Any:
     if isinstance(value, float):
         return float(f"{value:.12g}")
+    if hasattr(value, "tobytes"):  # a numpy array: all of it, not repr's summary
+        return hashlib.sha1(value.tobytes()).hexdigest()
     return value
 
 
@@ -58,9 +60,18 @@ def digest(results: list[Any]) -> str:
     return hashlib.sha1(repr([_norm(r) for r in results]).encode()).hexdigest()[:12]
 
 
-def _run_map(contender: str, fn: Any, iterables: tuple[list[Any], ...], cpus: int) -> Any:
-    """Run and time one map; return (seconds, results, executor or None)."""
-    n = len(iterables[0])
+def _run_map(
+    contender: str, fn: Any, lists: tuple[list[Any], ...], cpus: int, generator: bool = False
+) -> Any:
+    """Run and time one map; return (seconds, results, executor or None).
+
+    ``generator``: every contender gets generators over ``lists`` (no
+    length); the process pools' hand-picked chunksize still knows ``n``.
+    """
+    n = len(lists[0])
+    iterables: tuple[Any, ...] = (
+        tuple((x for x in items) for items in lists) if generator else lists
+    )
     if contender == "serial":
         start = time.perf_counter()
         results = [fn(*args) for args in zip(*iterables)]
@@ -218,13 +229,16 @@ def main() -> None:
             completed = workload.kind == "submit-completed"
             seconds, results, ex = _run_submit(contender, job.fn, job.iterables, completed)
         else:
-            seconds, results, ex = _run_map(contender, job.fn, job.iterables, cpus)
+            seconds, results, ex = _run_map(contender, job.fn, job.iterables, cpus, job.generator)
     except Exception as exc:
         out: dict[str, Any] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     else:
         out = {"wall_s": seconds, "digest": digest(list(results)), "n": len(results)}
         if ex is not None:
             out["routes"] = routes(ex)
+    finally:
+        if job.close is not None:
+            job.close()
     print(MARKER + json.dumps(out), flush=True)
 
 

@@ -17,9 +17,13 @@ never the work per item.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import operator
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +95,68 @@ class BigObject:
         return python_loop(self.heavy_n + i) + self.cheap(i)
 
 
+class BigIndex:
+    """A big pure-Python object: a dict of ``n`` int -> str entries (~150 bytes each)."""
+
+    def __init__(self, n: int, lookups: int):
+        self.table = {i: str(i) * 3 for i in range(n)}
+        self.lookups = lookups
+
+    def score(self, q: int) -> int:
+        """``lookups`` dict reads from a query-dependent start: pure Python."""
+        table, start = self.table, (q * 7919) % len(self.table)
+        return sum(len(table.get(k, "")) for k in range(start, start + self.lookups))
+
+
+#: A long series for :func:`window_mean` (made on first use in each process).
+_SERIES: np.ndarray | None = None
+
+
+def window_mean(start: int) -> float:
+    """``np.mean`` of 64 values of a module-level series: a few microseconds of numpy."""
+    global _SERIES
+    if _SERIES is None:
+        _SERIES = np.random.default_rng(34).standard_normal(1 << 20)
+    return float(_SERIES[start % ((1 << 20) - 64) :][:64].mean())
+
+
+def noise(i: int) -> np.ndarray:
+    """A 2 MiB array of normal noise seeded by ``i``: a big result."""
+    return np.random.default_rng(i).standard_normal(1 << 18)
+
+
+def order_total(doc: str) -> float:
+    """Parse a JSON order (~3 KB of text) and total its lines."""
+    order = json.loads(doc)
+    return round(sum(line["price"] * line["qty"] for line in order["lines"]), 2)
+
+
+def fetch(url: str) -> int:
+    """GET ``url`` from the loopback server; the body's length."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return len(response.read())
+
+
+#: The loopback HTTP server: answers every GET after 10 ms, from a thread each.
+_SERVER = """
+import http.server, sys, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(0.01)
+        body = b"x" * 1024
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
 #: The hand-written fork pool's target: set before the fork, read by
 #: :func:`hand_call` in the workers (the manual fix for a big bound object).
 HAND_TARGET: Callable[..., Any] | None = None
@@ -142,6 +208,8 @@ class Job:
     fn: Callable[..., Any]
     iterables: tuple[list[Any], ...]
     keep: list[Any] = field(default_factory=list)  # what must stay alive while it runs
+    generator: bool = False  # contenders get generators (no length) instead of lists
+    close: Callable[[], None] | None = None  # run after the timing (stops a server)
 
     @property
     def n_items(self) -> int:
@@ -241,6 +309,49 @@ def _many_waits(p: Params, main: dict[str, Any]) -> Job:
     return Job(sleep_10ms, (list(range(p.count(400))),))
 
 
+def _big_dict(p: Params, main: dict[str, Any]) -> Job:
+    obj = BigIndex(1_500_000 if not p.quick else 150_000, 2000)
+    return Job(obj.score, (list(range(p.count(3000))),), keep=[obj])
+
+
+def _small_numpy(p: Params, main: dict[str, Any]) -> Job:
+    window_mean(0)  # the series is made before the timer (workers make theirs)
+    return Job(window_mean, (list(range(0, p.count(30_000) * 31, 31)),))
+
+
+def _big_results(p: Params, main: dict[str, Any]) -> Job:
+    return Job(noise, (list(range(p.count(100))),))
+
+
+def _json_docs(p: Params, main: dict[str, Any]) -> Job:
+    rng = np.random.default_rng(7)
+    docs = []
+    for i in range(p.count(20_000)):
+        lines = [
+            {"sku": f"item-{int(k)}", "price": float(k) / 7, "qty": int(k % 5) + 1}
+            for k in rng.integers(0, 10_000, 40)
+        ]
+        docs.append(json.dumps({"order": i, "customer": f"c{i % 977}", "lines": lines}))
+    return Job(order_total, (docs,))
+
+
+def _generator(p: Params, main: dict[str, Any]) -> Job:
+    return Job(python_loop, (_loop_items(p, 0.002, 500),), generator=True)
+
+
+def _http(p: Params, main: dict[str, Any]) -> Job:
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    port = int(server.stdout.readline())
+    urls = [f"http://127.0.0.1:{port}/{i}" for i in range(p.count(300))]
+
+    def close() -> None:
+        server.terminate()
+        server.wait(10)
+
+    return Job(fetch, (urls,), close=close)
+
+
 def _fixed(base: int) -> Callable[[Params], int]:
     return lambda p: p.count(base)
 
@@ -259,6 +370,12 @@ WORKLOADS: tuple[Workload, ...] = (
         _many_waits,
         _fixed(400),
         kind="submit-completed",
+    ),
+    Workload(
+        "http",
+        "300 GETs of a loopback HTTP server that answers in 10 ms",
+        _http,
+        _fixed(300),
     ),
     Workload(
         "cpu-module", "pure-Python ~10 ms/item x 200, a module function", _cpu_module, _fixed(200)
@@ -290,7 +407,38 @@ WORKLOADS: tuple[Workload, ...] = (
         _fixed(200),
         bound=True,
     ),
+    Workload(
+        "big-dict",
+        "pure-Python method of an object holding a dict of 1.5 M entries x 3000",
+        _big_dict,
+        _fixed(3000),
+        bound=True,
+    ),
     Workload("tiny", "trivial module function x 200,000", _tiny, _fixed(200_000)),
+    Workload(
+        "small-numpy",
+        "np.mean of a 64-value window of a module-level series x 30,000",
+        _small_numpy,
+        _fixed(30_000),
+    ),
+    Workload(
+        "big-results",
+        "a 2 MiB array of seeded noise returned per item x 100",
+        _big_results,
+        _fixed(100),
+    ),
+    Workload(
+        "json-docs",
+        "json.loads and a total of 20,000 ~3 KB order documents given as arguments",
+        _json_docs,
+        _fixed(20_000),
+    ),
+    Workload(
+        "generator",
+        "pure-Python ~2 ms/item x 500, the input a generator of unknown length",
+        _generator,
+        _fixed(500),
+    ),
     Workload(
         "heavy-tail",
         "pure Python, lognormal durations (mean 2 ms) x 500",
