@@ -150,7 +150,9 @@ class Slow(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+class Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # a listen backlog as servers set it (the stdlib's is 5)
+server = Server(("127.0.0.1", 0), Slow)
 server.daemon_threads = True
 print(server.server_address[1], flush=True)
 server.serve_forever()

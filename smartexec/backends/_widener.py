@@ -52,7 +52,10 @@ class _Widener:
     :meth:`~ThreadBackend.threads_busy_s` and
     :meth:`~ThreadBackend.threads_wanted_s`, its CPU clocks where schedstat
     cannot be read), and the process's CPU seconds meanwhile, and widens
-    the pool to what Little's law gives. The process's CPU tells waiting
+    the pool to what Little's law gives, while an item takes under
+    :data:`~smartexec.tuning.SATURATED_SLOWDOWN` times the quickest the pool
+    measured (past that, what the threads wait for is saturated and more
+    threads only queue there). The process's CPU tells waiting
     from taking turns on the GIL: pool threads that wait for a GIL held by
     another thread (the caller's, dispatching chunks) are not runnable
     either, but the holder keeps the process on a core. A
@@ -66,13 +69,14 @@ class _Widener:
     3.14), and does nothing where they are missing.
     """
 
-    __slots__ = ("_backend", "_lock", "_last", "due", "limit", "process_cpu")
+    __slots__ = ("_backend", "_lock", "_last", "_latency", "due", "limit", "process_cpu")
 
     def __init__(self, backend: ThreadBackend):
         self._backend = weakref.ref(backend)  # the pool's runners hold this object
         self._lock = threading.Lock()
-        #: (time, busy s, runnable s, process CPU s) at the last look
-        self._last: tuple[float, float, float, float] | None = None
+        #: (time, busy s, runnable s, process CPU s, finished s, finished items) at the last look
+        self._last: tuple[float, float, float, float, float, int] | None = None
+        self._latency = _Latency()
         self.due = 0.0
         self.limit = max(backend.max_workers, _open_files_limit())
         self.process_cpu: Callable[[], float] = time.process_time
@@ -105,16 +109,41 @@ class _Widener:
             runnable = backend.threads_cpu_s()
         if runnable is None:
             return
-        self._last = (now, backend.threads_busy_s(), runnable, self.process_cpu())
+        self._last = (
+            now,
+            backend.threads_busy_s(),
+            runnable,
+            self.process_cpu(),
+            *backend.threads_done(),
+        )
         if last is None or now - last[0] > 4 * WIDEN_EVERY_S:
             return  # a first look, or a stale one: the next look compares
         wall = now - last[0]
         busy, runnable_cores, process_cores = (
-            (new - old) / wall for new, old in zip(self._last[1:], last[1:])
+            (new - old) / wall for new, old in zip(self._last[1:4], last[1:4])
         )
-        wider = threads_for_waiting(busy, runnable_cores, self.limit, process_cores)
+        slowdown = self._latency.slowdown(self._last[4] - last[4], self._last[5] - last[5])
+        wider = threads_for_waiting(busy, runnable_cores, self.limit, process_cores, slowdown)
         if wider > width:
             _widen(backend, pool, wider, in_flight - width)
+
+
+class _Latency:
+    """How long a pool's items take now against the quickest it measured (the slowdown)."""
+
+    __slots__ = ("quickest", "last")
+
+    def __init__(self) -> None:
+        self.quickest = float("inf")  # seconds per item, the least of any look
+        self.last = 1.0
+
+    def slowdown(self, seconds: float, items: int) -> float:
+        """The slowdown of the items that ended since the last look (the last one's if none did)."""
+        if items > 0:
+            latency = seconds / items
+            self.quickest = min(self.quickest, latency)
+            self.last = latency / self.quickest if self.quickest > 0 else 1.0
+        return self.last
 
 
 def _widen(backend: ThreadBackend, pool: ThreadPoolExecutor, width: int, queued: int) -> None:

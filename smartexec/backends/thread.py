@@ -136,9 +136,10 @@ class ThreadBackend(Backend):
         self._closed = False
         self._sched = SchedReader()  # the pool threads' schedstat files, kept open
         #: Per pool thread (by ident): (seconds spent in chunks and calls that
-        #: ended, perf_counter() at the start of the one running or 0.0). Each
-        #: thread replaces only its own entry, in one assignment: no lock.
-        self._busy: dict[int, tuple[float, float]] = {}
+        #: ended, perf_counter() at the start of the one running or 0.0, items
+        #: of those that ended). Each thread replaces only its own entry, in
+        #: one assignment: no lock.
+        self._busy: dict[int, tuple[float, float, int]] = {}
         #: Grows the pool for waiting work; None where the user fixed the width,
         #: or set an initializer (each new thread would run it: a connection each).
         self._widener = _Widener(self) if max_workers is None and initializer is None else None
@@ -192,9 +193,23 @@ class ThreadBackend(Backend):
         """
         now = time.perf_counter()
         total = 0.0
-        for done, start in list(self._busy.values()):
+        for done, start, _ in list(self._busy.values()):
             total += done + (now - start if start else 0.0)
         return total
+
+    def threads_done(self) -> tuple[float, int]:
+        """Seconds of work this backend's pool threads finished so far, and how many items it was.
+
+        Calls and the items of chunks that ended (a chunk's seconds are its
+        items'); running ones are not counted. Between two reads, their
+        ratio is how long an item took, from start to end.
+        """
+        seconds = 0.0
+        items = 0
+        for done, _, count in list(self._busy.values()):
+            seconds += done
+            items += count
+        return seconds, items
 
     def machine_idle_s(self) -> float | None:
         """Seconds the machine's CPUs spent idle so far, summed over them, or None.
@@ -529,7 +544,7 @@ def _run_capped(
     fn: Any,
     chunk: Sequence[Call],
     budget_s: float | None,
-    busy: dict[int, tuple[float, float]] | None = None,
+    busy: dict[int, tuple[float, float, int]] | None = None,
     clock: bool = True,
     widener: _Widener | None = None,
 ) -> ChunkResult:
@@ -548,22 +563,22 @@ def _run_capped(
     ident = user_code_starts()  # this thread's ident, which keys ``busy`` too
     done = begun = 0.0
     if busy is not None:
-        done = busy.get(ident, (0.0, 0.0))[0]
+        done, _, items = busy.get(ident, _IDLE)
         begun = time.perf_counter()
-        busy[ident] = (done, begun)
+        busy[ident] = (done, begun, items)
     try:
         with THREAD_CAP.running(cpu_count):
             return run_chunk(fn, chunk, False, budget_s, watch=WATCH_GIL, clock_cpu=clock)
     finally:
         if busy is not None:
             end = time.perf_counter()
-            busy[ident] = (done + end - begun, 0.0)
+            busy[ident] = (done + end - begun, 0.0, items + len(chunk))
             if widener is not None and end >= widener.due:
                 widener.check(end)
         user_code_ends(ident)
 
 
-_IDLE = (0.0, 0.0)
+_IDLE = (0.0, 0.0, 0)
 
 
 def _call_runner(
@@ -603,8 +618,8 @@ def _call_runner(
         """
         start = _clock()
         thread = _ident()
-        done = busy.get(thread, _IDLE)[0]
-        busy[thread] = (done, start)
+        done, _, items = busy.get(thread, _IDLE)
+        busy[thread] = (done, start, items)
         try:
             if box.error is not None:
                 box.raise_if_broken()
@@ -627,7 +642,7 @@ def _call_runner(
                     THREAD_CAP.exited()
         finally:
             end = _clock()
-            busy[thread] = (done + end - start, 0.0)
+            busy[thread] = (done + end - start, 0.0, items + 1)
             next(calls_out)
             if widener is not None and end >= widener.due:
                 widener.check(end)
@@ -650,7 +665,7 @@ def _run_with_deadline(
     timeout_s: float,
     box: _initializer.Breakage | None = None,
     cpu_count: int = 1,
-    busy: dict[int, tuple[float, float]] | None = None,
+    busy: dict[int, tuple[float, float, int]] | None = None,
     clock: bool = True,
     widener: _Widener | None = None,
 ) -> None:

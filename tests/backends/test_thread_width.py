@@ -13,8 +13,14 @@ import time
 import pytest
 
 from smartexec import SmartExecutor
+from smartexec.backends._widener import _Latency
 from smartexec.backends.thread import ThreadBackend
-from smartexec.tuning import MAX_WAITING_THREADS, WAITING_TARGET_CORES, threads_for_waiting
+from smartexec.tuning import (
+    MAX_WAITING_THREADS,
+    SATURATED_SLOWDOWN,
+    WAITING_TARGET_CORES,
+    threads_for_waiting,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,6 +50,21 @@ def test_pool_threads_waiting_for_a_gil_held_elsewhere_are_not_waiting_work():
     assert threads_for_waiting(6, 0.05, 128, process_cores=0.1) == 120
 
 
+def test_a_pool_whose_items_slowed_down_stops_growing():
+    # What the threads wait for (a server on this machine, say) is saturated.
+    assert threads_for_waiting(6, 0.06, 128, slowdown=1.5) == 100
+    assert threads_for_waiting(6, 0.06, 128, slowdown=SATURATED_SLOWDOWN) == 0
+
+
+def test_the_slowdown_is_against_the_quickest_items_measured():
+    latency = _Latency()
+    assert latency.slowdown(0.0, 0) == 1.0  # nothing ended yet
+    assert latency.slowdown(0.06, 6) == 1.0  # 10 ms an item: the quickest
+    assert latency.slowdown(0.12, 4) == pytest.approx(3.0)  # 30 ms an item
+    assert latency.slowdown(0.0, 0) == pytest.approx(3.0)  # nothing ended: as last seen
+    assert latency.slowdown(0.05, 5) == 1.0
+
+
 def test_a_waiting_pool_keeps_its_target_cores_runnable():
     width = threads_for_waiting(4, 0.01, 10_000)
     assert width * (0.01 / 4) == pytest.approx(WAITING_TARGET_CORES, rel=0.01)
@@ -53,9 +74,11 @@ class _Figures:
     """Injected clocks for a backend's widener: busy thread-seconds, runnable and process CPU seconds."""
 
     def __init__(self, backend, monkeypatch):
-        self.busy = self.runnable = self.process = 0.0
+        self.busy = self.runnable = self.process = self.done_s = 0.0
+        self.items = 0
         monkeypatch.setattr(backend, "threads_busy_s", lambda: self.busy)
         monkeypatch.setattr(backend, "threads_wanted_s", lambda: self.runnable)
+        monkeypatch.setattr(backend, "threads_done", lambda: (self.done_s, self.items))
         backend._widener.process_cpu = lambda: self.process
 
 
@@ -87,6 +110,28 @@ def test_the_widener_grows_a_queued_pool_only_when_its_threads_wait(
         if grows:
             assert backend.max_workers == threads_for_waiting(6, 0.01, widener.limit)
             assert len(backend._pool._threads) > 6  # the queued calls got threads at once
+    finally:
+        release.set()
+        assert all(f.result(timeout=30) for f in futures)
+        backend.shutdown()
+
+
+def test_the_widener_stops_once_the_items_take_longer_than_they_did(monkeypatch):
+    backend = ThreadBackend(None, 2)
+    figures = _Figures(backend, monkeypatch)
+    release, futures = _queued_pool(backend, 20)
+    try:
+        widener = backend._widener
+        widener.check(100.0)
+        figures.done_s, figures.items = 0.06, 6  # 10 ms an item: the quickest
+        figures.busy, figures.runnable, figures.process = 0.12, 0.0002, 0.0002
+        widener.check(100.02)
+        assert backend.max_workers == threads_for_waiting(6, 0.01, widener.limit)
+        backend.max_workers = backend._pool._max_workers = 6  # as if it had not grown
+        figures.done_s, figures.items = 0.06 + 0.12, 6 + 4  # now 30 ms an item
+        figures.busy, figures.runnable, figures.process = 0.24, 0.0004, 0.0004
+        widener.check(100.04)
+        assert backend.max_workers == 6
     finally:
         release.set()
         assert all(f.result(timeout=30) for f in futures)
