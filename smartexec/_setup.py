@@ -83,6 +83,8 @@ def _options_without_backend(options: dict[str, Any]) -> str:
 def check_arguments(
     *,
     max_workers: Any,
+    max_threads: Any,
+    max_processes: Any,
     backend: Any,
     prefer: Any,
     big_state_bytes: Any,
@@ -96,10 +98,15 @@ def check_arguments(
         TypeError: a wrong type, or backend options with no ``backend=``.
         ValueError: a value out of range, or an unknown ``prefer``.
     """
-    if max_workers is not None:
-        _require_int("max_workers", max_workers, "an int or None")
-        if max_workers <= 0:
-            raise ValueError("max_workers must be greater than 0")
+    for name, value in (
+        ("max_workers", max_workers),
+        ("max_threads", max_threads),
+        ("max_processes", max_processes),
+    ):
+        if value is not None:
+            _require_int(name, value, "an int or None")
+            if value <= 0:
+                raise ValueError(f"{name} must be greater than 0")
     if backend is not None and not isinstance(backend, str):
         raise TypeError(
             f"backend must be a backend name (str) or None, got {backend!r} "
@@ -206,6 +213,29 @@ def check_available(name: str) -> type[Backend]:
     if reason is not None:
         raise BackendUnavailableError(f"backend {name!r} cannot run here: {reason}", backend=name)
     return factory  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Widths:
+    """How many workers each pool gets: ``max_workers``, or a kind's own limit.
+
+    Attributes:
+        max_workers: every pool's width, as the stdlib pools take it, or None.
+        max_threads: the width of backends that run in this process (threads),
+            in place of ``max_workers``, or None.
+        max_processes: the width of the others (fork, loky, dask workers), in
+            place of ``max_workers``, or None.
+    """
+
+    max_workers: int | None = None
+    max_threads: int | None = None
+    max_processes: int | None = None
+
+    def for_backend(self, name: str) -> int | None:
+        """The ``max_workers`` backend ``name`` is made with (None: its own default)."""
+        shares_memory = getattr(get_backend_class(name), "shares_memory", False)
+        own = self.max_threads if shares_memory else self.max_processes
+        return self.max_workers if own is None else own
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,14 @@ class SmartExecutor(Executor):
             :class:`~smartexec.backends.thread.ThreadBackend`). The only argument taken by
             position (the stdlib pools differ from the second on); every
             other one is keyword-only.
+        max_threads: the thread pool's width (int >= 1), fixed, in place of
+            ``max_workers`` for threads only; None: ``max_workers``'s rule.
+            ``SmartExecutor(max_processes=4)`` caps process workers at 4
+            and lets threads grow for waiting work; ``max_threads=64`` fixes
+            the thread pool at 64 and leaves process workers at one per CPU.
+        max_processes: the process backends' worker count (int >= 1: fork,
+            loky, a plugin's that does not run in this process), in place of
+            ``max_workers`` for them only; None: ``max_workers``'s rule.
         initializer: called as ``initializer(*initargs)`` once in every
             worker before its first task, as the stdlib pools do: in each
             thread of the thread backend, in each fork worker (after its
@@ -173,12 +181,12 @@ class SmartExecutor(Executor):
     ``submit``. Other backends start when the policy first picks them.
 
     Raises:
-        ValueError: ``max_workers`` is not positive, or ``prefer`` is not
+        ValueError: ``max_workers``, ``max_threads`` or ``max_processes`` is not positive, or ``prefer`` is not
             one of the accepted values; ``max_tasks_per_child`` is below 1,
             or set where no backend can honour it (``backend="loky"``, or an
             ``mp_context`` that is not fork); ``mp_context`` names a start
             method this platform lacks, or contradicts ``backend="fork"``.
-        TypeError: ``max_workers`` is not an int; ``initializer`` is not
+        TypeError: ``max_workers``, ``max_threads`` or ``max_processes`` is not an int; ``initializer`` is not
             callable (``"initializer must be a callable"``, as the stdlib);
             ``max_tasks_per_child`` is not an int; ``mp_context`` is not a
             context; ``initializer`` is given for a backend that cannot run
@@ -201,6 +209,8 @@ class SmartExecutor(Executor):
         self,
         max_workers: int | None = None,
         *,
+        max_threads: int | None = None,
+        max_processes: int | None = None,
         initializer: Callable[..., Any] | None = None,
         initargs: tuple[Any, ...] = (),
         max_tasks_per_child: int | None = None,
@@ -216,6 +226,8 @@ class SmartExecutor(Executor):
     ):
         _setup.check_arguments(
             max_workers=max_workers,
+            max_threads=max_threads,
+            max_processes=max_processes,
             backend=backend,
             prefer=prefer,
             big_state_bytes=big_state_bytes,
@@ -258,6 +270,7 @@ class SmartExecutor(Executor):
         self._max_retries = max_retries
         self._progress = progress_factory(progress)
         self._max_workers = max_workers
+        self._widths = _setup.Widths(max_workers, max_threads, max_processes)
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
         self._stats = StatsRecorder()
@@ -270,7 +283,7 @@ class SmartExecutor(Executor):
         if backend is not None:
             self._backends[backend] = create_backend(
                 backend,
-                max_workers,
+                self._widths.for_backend(backend),
                 self._platform.cpu_count,
                 {**backend_options, **self._workers_setup.for_backend(backend)},
             )
@@ -317,7 +330,7 @@ class SmartExecutor(Executor):
         if backend is None:
             backend = self._backends[name] = create_backend(
                 name,
-                self._max_workers,
+                self._widths.for_backend(name),
                 self._platform.cpu_count,
                 self._workers_setup.for_backend(name),
             )

@@ -49,6 +49,36 @@ def test_max_workers_must_be_an_int():
         SmartExecutor("2")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", ["max_threads", "max_processes"])
+def test_a_kinds_own_limit_is_checked_as_max_workers_is(name):
+    with pytest.raises(ValueError, match=f"{name} must be greater than 0"):
+        SmartExecutor(**{name: 0})
+    with pytest.raises(TypeError, match=f"{name} must be an int"):
+        SmartExecutor(**{name: 2.5})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "threads", "processes"),
+    [
+        ({}, None, None),  # the defaults: threads grow, one process per CPU
+        ({"max_workers": 3}, 3, 3),  # the stdlib meaning: every pool
+        ({"max_processes": 1}, None, 1),  # processes capped, threads still grow
+        ({"max_threads": 64}, 64, None),
+        ({"max_workers": 3, "max_threads": 16}, 16, 3),
+        ({"max_workers": 3, "max_processes": 1}, 3, 1),
+    ],
+)
+def test_threads_and_processes_each_take_their_own_limit(arguments, threads, processes):
+    with SmartExecutor(**arguments) as ex:
+        thread, fork, loky = (ex._backend(name) for name in ("thread", "fork", "loky"))
+        cpus = ex._platform.cpu_count
+        assert fork.max_workers == loky.max_workers == (processes or cpus)
+        if threads is None:
+            assert thread._widener is not None  # grows for waiting work
+        else:
+            assert thread.max_workers == threads and thread._widener is None
+
+
 def test_prefer_is_checked():
     with pytest.raises(ValueError, match="prefer must be one of 'threads', 'processes'"):
         SmartExecutor(prefer="gpu")  # type: ignore[arg-type]
