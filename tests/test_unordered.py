@@ -9,6 +9,7 @@ chunks), never on how long anything took.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import gc
 import io
 import itertools
@@ -54,11 +55,18 @@ def slow_thirtieth(x):
     return x
 
 
-def fail_at_seven(x):
-    if x == 7:
-        time.sleep(0.2)  # after the other items of the map, on every backend
-        raise ValueError(f"bad item {x}")
-    return x
+def fail_at_seven(x, marks=None):
+    """Item 7 raises once the other nine ran (each leaves a file in ``marks``)."""
+    if x != 7:
+        if marks is not None:
+            with open(os.path.join(marks, str(x)), "w"):
+                pass
+        return x
+    deadline = time.monotonic() + 30
+    while marks is not None and len(os.listdir(marks)) < 9 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a worker still starting (loky, under load) runs its item late
+    time.sleep(0.2)  # and their replies are on their way
+    raise ValueError(f"bad item {x}")
 
 
 def crash_at_seven(x):
@@ -171,10 +179,12 @@ def test_the_input_is_read_lazily_and_the_window_is_bounded():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["fork", "loky", "thread", "inline"])
-def test_an_items_exception_is_raised_when_reached(backend):
+def test_an_items_exception_is_raised_when_reached(backend, tmp_path):
     with SmartExecutor(max_workers=2, backend=backend) as ex:
         got = []
-        results = ex.map(fail_at_seven, range(10), chunksize=1, ordered=False)
+        marks = None if backend == "inline" else str(tmp_path)  # inline: 8 and 9 come after
+        work = functools.partial(fail_at_seven, marks=marks)
+        results = ex.map(work, range(10), chunksize=1, ordered=False)
         with pytest.raises(ValueError, match="bad item 7"):
             for x in results:
                 got.append(x)
