@@ -6,7 +6,8 @@ same work: what a long-running program pays per item once nothing is left
 to learn. These are warm figures by design; ``benchmarks/bench_cold.py``
 has the cold ones. Contenders are interleaved over the rounds, each round
 in a fresh process per contender; the table gives medians and the ratio of
-each smartexec backend to the best stdlib pool.
+each smartexec backend to the best stdlib pool (and, for its loky route, to
+loky's own executor: spawned workers differ from forked ones by themselves).
 
     python benchmarks/bench_worker_cost.py [--rounds 5] [--items 20000] [--item-us 50]
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, HERE)
 
 import _header  # noqa: E402
 
-CONTENDERS = ("mp-pool", "ppe", "smartexec-fork", "smartexec-loky")
+CONTENDERS = ("mp-pool", "ppe", "loky", "smartexec-fork", "smartexec-loky")
 
 
 def work(n: int) -> int:
@@ -57,6 +58,17 @@ def _timed_map(contender: str, items: list[int], chunksize: int) -> tuple[float,
             t1 = time.perf_counter()
             list(ex.map(work, items, chunksize=chunksize))
             return t1 - t0, time.perf_counter() - t1
+    if contender == "loky":  # loky's own executor: what its spawned workers cost by themselves
+        from loky import get_reusable_executor
+
+        ex = get_reusable_executor(max_workers=os.cpu_count() or 1)
+        t0 = time.perf_counter()
+        list(ex.map(work, items, chunksize=chunksize))
+        t1 = time.perf_counter()
+        list(ex.map(work, items, chunksize=chunksize))
+        elapsed = time.perf_counter() - t1
+        ex.shutdown(wait=True)
+        return t1 - t0, elapsed
     from smartexec import SmartExecutor
 
     backend = contender.split("-", 1)[1]
@@ -123,11 +135,16 @@ def main() -> None:
         print(f"round {round_ + 1}/{args.rounds} done", flush=True)
     medians = {c: statistics.median(v) for c, v in timed.items() if v}
     best_stdlib = min(medians[c] for c in ("mp-pool", "ppe") if c in medians)
-    print(f"\n{'contender':16s} {'settled map s':>13s} {'us per item':>11s} {'x best stdlib':>13s}")
+    loky = medians.get("loky")
+    print(
+        f"\n{'contender':16s} {'settled map s':>13s} {'us per item':>11s} "
+        f"{'x best stdlib':>13s} {'x loky':>7s}"
+    )
     for contender, seconds in medians.items():
+        versus_loky = f"{seconds / loky:6.2f}x" if loky and contender.endswith("loky") else ""
         print(
             f"{contender:16s} {seconds:13.3f} {seconds / args.items * 1e6:11.1f} "
-            f"{seconds / best_stdlib:12.2f}x"
+            f"{seconds / best_stdlib:12.2f}x {versus_loky:>7s}"
         )
 
 
