@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
+from ._setup import Widths
 from .executor import SmartExecutor
 from .policy import PREFER_VALUES, Decision
 from .progress import ProgressFactory, progress_factory
@@ -65,9 +67,12 @@ class MappedFunction(Protocol[T, R]):
         """
 
 
-def _check_options(max_workers: Any, chunksize: Any, backend: Any, prefer: Any) -> None:
-    """Raise for a bad option when decorating, not at the first call (as SmartExecutor would)."""
-    for name, value in (("max_workers", max_workers), ("chunksize", chunksize)):
+def _check_options(counts: dict[str, Any], backend: Any, prefer: Any) -> None:
+    """Raise for a bad option when decorating, not at the first call (as SmartExecutor would).
+
+    ``counts``: the options that take an int >= 1 or None, by name.
+    """
+    for name, value in counts.items():
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
@@ -97,6 +102,8 @@ def parallel_map(
     prefer: Literal["threads", "processes"] | None = None,
     progress: bool | ProgressFactory = False,
     ordered: bool = True,
+    max_threads: int | None = None,
+    max_processes: int | None = None,
 ) -> Callable[[Callable[[T], R]], MappedFunction[T, R]]: ...
 
 
@@ -110,6 +117,8 @@ def parallel_map(
     prefer: Literal["threads", "processes"] | None = None,
     progress: bool | ProgressFactory = False,
     ordered: bool = True,
+    max_threads: int | None = None,
+    max_processes: int | None = None,
 ) -> Any:
     """Decorate a per-item function so that it maps over an iterable in parallel.
 
@@ -131,6 +140,9 @@ def parallel_map(
         fn: the per-item function (when used bare).
         max_workers: workers per backend (int >= 1), None for the default;
             as for :class:`SmartExecutor`.
+        max_threads: the thread pool's width, in place of ``max_workers``
+            for threads; ``max_processes``: the process workers', for them
+            (ints >= 1 or None); as for :class:`SmartExecutor`.
         backend: a backend name that forces the route, None to let the
             policy choose; as for :class:`SmartExecutor`.
         prefer: ``"threads"``, ``"processes"`` or None; as for
@@ -153,10 +165,11 @@ def parallel_map(
         ImportError: ``progress=True`` and tqdm is not installed (raised when
             decorating): ``pip install 'smartexec[progress]'``.
         TypeError: ``progress`` is neither a bool nor callable, ``ordered``
-            is not a bool, ``max_workers`` or ``chunksize`` is not an int,
+            is not a bool, ``max_workers``, ``max_threads``,
+            ``max_processes`` or ``chunksize`` is not an int,
             or ``fn`` is not callable (``@parallel_map(4)``: the options
             are keyword-only).
-        ValueError: ``max_workers`` or ``chunksize`` is below 1, or
+        ValueError: one of those ints is below 1, or
             ``prefer`` is not one of its values.
         UnknownBackendError: no backend is registered as ``backend``.
 
@@ -171,8 +184,9 @@ def parallel_map(
     factory = progress_factory(progress)
     if not isinstance(ordered, bool):
         raise TypeError(f"ordered must be True or False, got {ordered!r}")
-    _check_options(max_workers, chunksize, backend, prefer)
-    options = _Options(max_workers, chunksize, backend, prefer, factory or False, ordered)
+    widths = Widths(max_workers, max_threads, max_processes)
+    _check_options({**dataclasses.asdict(widths), "chunksize": chunksize}, backend, prefer)
+    options = _Options(widths, chunksize, backend, prefer, factory or False, ordered)
     decorate = functools.partial(_decorate, options=options)
     return decorate(fn) if fn is not None else decorate
 
@@ -181,7 +195,7 @@ def parallel_map(
 class _Options:
     """The decorator's options, checked; each call makes its executor from them."""
 
-    max_workers: int | None
+    widths: Widths
     chunksize: int | None
     backend: str | None
     prefer: Literal["threads", "processes"] | None
@@ -189,7 +203,14 @@ class _Options:
     ordered: bool
 
     def executor(self) -> SmartExecutor:
-        return SmartExecutor(self.max_workers, backend=self.backend, prefer=self.prefer)
+        w = self.widths
+        return SmartExecutor(
+            w.max_workers,
+            max_threads=w.max_threads,
+            max_processes=w.max_processes,
+            backend=self.backend,
+            prefer=self.prefer,
+        )
 
 
 class _LastCall:

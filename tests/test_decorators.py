@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from smartexec import parallel_map
@@ -90,6 +92,8 @@ def test_a_positional_option_is_refused_when_decorating():
     ("options", "error", "said"),
     [
         ({"max_workers": 0}, ValueError, "max_workers must be 1 or more"),
+        ({"max_threads": 0}, ValueError, "max_threads must be 1 or more"),
+        ({"max_processes": 2.5}, TypeError, "max_processes must be an int"),
         ({"chunksize": "100"}, TypeError, "chunksize must be an int"),
         ({"prefer": "gpu"}, ValueError, "prefer must be one of"),
         ({"backend": "forkk"}, ValueError, "did you mean 'fork'"),
@@ -98,3 +102,13 @@ def test_a_positional_option_is_refused_when_decorating():
 def test_bad_options_are_refused_when_decorating(options, error, said):
     with pytest.raises(error, match=said):
         parallel_map(**options)
+
+
+def test_the_limits_per_kind_of_pool_reach_the_executor():
+    @parallel_map(max_threads=3, max_processes=1, backend="thread")
+    def ident(x):
+        return threading.get_ident()
+
+    assert len(set(ident(range(50)))) <= 3
+    width = ident.stats().backends["thread"].workers
+    assert width == 3
