@@ -500,7 +500,7 @@ def threads_for_waiting(
     return min(limit, math.ceil(wanted - 1e-9))  # (not 81 for 80.00000000001)
 
 
-def digest_pays(digest_s: float | None, fork_s: float | None) -> bool:
+def digest_pays(digest_s: float | None, fork_s: float | None, pool_busy: bool = False) -> bool:
     """Whether a submit should prove a fork pool's snapshot current by digest, or fork anew.
 
     A submit of a callable shared by copy-on-write runs on a snapshot no
@@ -509,15 +509,20 @@ def digest_pays(digest_s: float | None, fork_s: float | None) -> bool:
     pickles it), or a new pool's, forked for it. Both are measured in this
     process: a digest of a 200 MiB array took ~140 ms here against ~13 ms
     for a fresh pool, and of a dict of 1.5 M entries ~0.8 s against ~37 ms;
-    a few MiB digest in about a millisecond.
+    a few MiB digest in about a millisecond. A fresh pool replaces an idle
+    one; beside a busy one it would exceed ``max_workers``.
 
     Args:
         digest_s: seconds the callable's last digest took (None: never taken).
         fork_s: seconds the last new pool took to start, here (None: none yet).
+        pool_busy: the current pool still runs calls: a new pool's workers
+            would run beside its workers, past ``max_workers`` (ten submits
+            of a 0.2 s method with ``max_processes=1`` ran in ten processes).
 
     Returns:
-        True (digest) until both are known; then whether the digest cost less.
+        True (digest) while the pool is busy, or until both costs are known;
+        then whether the digest cost less.
     """
-    if digest_s is None or fork_s is None:
+    if pool_busy or digest_s is None or fork_s is None:
         return True
     return digest_s < fork_s

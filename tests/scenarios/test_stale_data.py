@@ -12,6 +12,7 @@ methods of ``__slots__`` objects without ``__weakref__``.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -150,13 +151,13 @@ def test_an_unchanged_big_state_is_still_sent_once_on_loky(big_segments):
 @pytest.fixture
 def proof_by_digest(monkeypatch):
     """Injected figures: a digest always costs less than a fresh pool (the pool is reused)."""
-    monkeypatch.setattr(fork_backend, "digest_pays", lambda digest_s, fork_s: True)
+    monkeypatch.setattr(fork_backend, "digest_pays", lambda *figures: True)
 
 
 @pytest.fixture
 def proof_by_fork(monkeypatch):
     """Injected figures: a digest always costs more than a fresh pool (each submit forks)."""
-    monkeypatch.setattr(fork_backend, "digest_pays", lambda digest_s, fork_s: False)
+    monkeypatch.setattr(fork_backend, "digest_pays", lambda *figures: False)
 
 
 def test_fork_submits_of_an_unchanged_object_reuse_their_pool(proof_by_digest):
@@ -190,6 +191,29 @@ def test_a_submits_proof_follows_the_measured_costs():
     assert digest_pays(None, None) and digest_pays(None, 0.01) and digest_pays(0.5, None)
     assert digest_pays(0.001, 0.01)  # a small state: the digest is cheaper
     assert not digest_pays(0.14, 0.013)  # 200 MiB digested against a fresh pool
+    assert digest_pays(0.14, 0.013, pool_busy=True)  # a fresh pool would run beside it
+
+
+class Sleeper(Holder):
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return os.getpid()
+
+
+def test_submits_fork_anew_only_while_the_pool_runs_no_call(monkeypatch):
+    # Injected: a digest always costs more than a fresh pool, unless the pool is busy.
+    monkeypatch.setattr(fork_backend, "digest_pays", lambda d, f, busy=False: busy)
+    sleeper = Sleeper()
+    with SmartExecutor(max_processes=1, backend="fork") as ex:
+        assert ex.explain(sleeper.nap).share
+        first = ex.submit(sleeper.nap, 0).result(timeout=60)
+        again = ex.submit(sleeper.nap, 0).result(timeout=60)
+        assert first != again  # the pool was idle: a fresh one each (no digest)
+        futures = [ex.submit(sleeper.nap, 0.2) for _ in range(6)]
+        # The first finds the pool idle and forks; the second, busy, digests
+        # and forks one pool that records it; the rest are proven by digest
+        # and reuse it: two processes, not six (max_processes=1 each).
+        assert len({f.result(timeout=60) for f in futures}) <= 2
 
 
 # -- memory-mapped arguments -----------------------------------------------------

@@ -23,8 +23,8 @@ Data flow (one *pool* = one generation of workers, forked from one snapshot)::
   SHA-1 digest of the object's pickled state (numpy buffers hashed in place,
   :func:`smartexec._fingerprint.digest`) equals the one taken when that pool
   forked; otherwise it starts a new pool too, as it does once that
-  callable's digest took longer than the last pool took to start
-  (:func:`smartexec.tuning.digest_pays`). The old pool finishes the
+  callable's digest took longer than the last pool took to start, while
+  the current pool runs no call (:func:`smartexec.tuning.digest_pays`). The old pool finishes the
   chunks already running on it, then stops, and the new one takes over
   those queued; while both run, up to twice ``max_workers`` processes exist.
 * ``submit_chunk`` returns at once: it queues the chunk's task, then pickles

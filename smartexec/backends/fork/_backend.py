@@ -192,14 +192,17 @@ class ForkBackend(Backend):
         submit records it. A state that cannot be pickled (one reason to
         share it) cannot be proven current: each such submit forks a new pool.
         Nor is a state whose last digest took longer than the last new pool
-        took to start (:func:`smartexec.tuning.digest_pays`): a fresh pool is
-        then the cheaper proof.
+        took to start, while the current pool runs no call (a fresh pool is
+        then the cheaper proof, and its workers replace, not join, the
+        current ones: :func:`smartexec.tuning.digest_pays`).
         """
         if not share:
             return fn
         with self._lock:
             entry = self._entry(fn)
-            proves = digest_pays(entry.digest_s, self._fork_s)
+            pool = self._pool
+            busy = pool is not None and pool.usable and pool.bound_calls > 0
+            proves = digest_pays(entry.digest_s, self._fork_s, busy)
         digest: bytes | None = None
         if proves:
             start = time.perf_counter()

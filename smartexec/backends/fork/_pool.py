@@ -175,6 +175,11 @@ class _ForkPool:
         """Whether calls bound to this pool's snapshot can still send chunks here."""
         return not self._closing and (self._paused or self._thread.is_alive())
 
+    @property
+    def bound_calls(self) -> int:
+        """Calls (maps, submits) bound to this pool's snapshot and not over."""
+        return self._pins
+
     def pin(self) -> None:
         """Bind one more call to this pool's snapshot (undone by :meth:`unpin`)."""
         with self._lock:
