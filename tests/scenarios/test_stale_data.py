@@ -216,6 +216,29 @@ def test_submits_fork_anew_only_while_the_pool_runs_no_call(monkeypatch):
         assert len({f.result(timeout=60) for f in futures}) <= 2
 
 
+class Counter:
+    """Over big_state_bytes, with a method that writes to its object."""
+
+    def __init__(self):
+        self.array = np.zeros(MiB // 4)  # 2 MiB: digests in about a millisecond
+        self.calls = 0
+
+    def bump(self):
+        self.calls += 1
+        return self.calls
+
+
+def test_a_submit_never_sees_what_a_workers_earlier_call_wrote(proof_by_digest):
+    # A digest proves this process's copy unchanged, not the worker's, which
+    # the earlier calls wrote to; ProcessPoolExecutor sends each call a fresh
+    # copy: 1 every time.
+    counter = Counter()
+    with SmartExecutor(max_processes=1, backend="fork") as ex:
+        assert ex.explain(counter.bump).share
+        assert [ex.submit(counter.bump).result(timeout=60) for _ in range(4)] == [1] * 4
+    assert counter.calls == 0
+
+
 # -- memory-mapped arguments -----------------------------------------------------
 
 
