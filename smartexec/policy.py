@@ -608,7 +608,7 @@ def _big_state_sent_once(f: _Facts) -> Decision | None:
     reasons = (
         f.what,
         _size(f),
-        f"{_no_fork(f.platform, options)}, so it is {_SENT_ONCE}",
+        f"{_no_fork(f.platform, options)}, so it {_SENT_ONCE}",
         "workers reuse the copy they received only while it is proven unchanged "
         "(compared with what was sent, at each map or submit); prefer='threads' shares "
         "it with no copy at all",
