@@ -173,8 +173,14 @@ class SubmitRoute:
     ) -> Submitted:
         """Send ``call`` on its process route, or park it while ``fn``'s first calls run."""
         stats = self._stats
+        profile = decision.profile
+        # A shared callable that may write to its object gets a snapshot of
+        # its own, as a map does: a worker an earlier call wrote to must not
+        # run it (a digest proves only this process's copy unchanged).
+        fresh = decision.share and (profile is None or profile.effects.keeps_writes())
+        prepare = backend.prepare if fresh else backend.prepare_call
         try:
-            target = backend.prepare_call(fn, decision.share)
+            target = prepare(fn, decision.share)
 
             def send() -> Future[ChunkResult]:
                 return send_chunk(backend, target, [call], None, timeout_s, stats)

@@ -91,6 +91,14 @@ class Effects:
         """
         return any(e.kind in ("argument", "unread") for e in self.found)
 
+    def keeps_writes(self) -> bool:
+        """Whether a call may write to an object a later call reaches (or its code could not be read).
+
+        Then a worker that ran an earlier call holds a copy that call wrote
+        to; a ``ProcessPoolExecutor`` sends each call a fresh copy instead.
+        """
+        return any(e.kind in ("shared", "unread") for e in self.found)
+
     def allows(self, route: str) -> bool:
         """Whether ``route`` computes what worker processes would (see :meth:`blocking`)."""
         return self.blocking(route) is None

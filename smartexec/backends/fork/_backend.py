@@ -27,7 +27,6 @@ from ..._identity import WeakCallable, identity_key
 from ..._remote import Call, ChunkResult, copy_calls
 from ..._sender import Sender, quick_to_pickle
 from ..._system import deferred_interrupts
-from ...effects import effects_of
 from ...errors import InitializerError
 from ...inspection import callable_name
 from ...tuning import digest_pays
@@ -81,22 +80,15 @@ class _Prepared:
         self._unbind = weakref.finalize(self, pool.unpin)
 
 
-def _writes_what_it_reaches(fn: Any) -> bool:
-    """Whether ``fn``'s code may write to an object a later call sees (or could not be read)."""
-    return any(e.kind in ("shared", "unread") for e in effects_of(fn).found)
-
-
 class _Entry:
     """A shared callable's trampoline token, and what a digest of its state last cost."""
 
-    __slots__ = ("token", "handle", "digest_s", "writes")
+    __slots__ = ("token", "handle", "digest_s")
 
     def __init__(self, token: int, handle: WeakCallable):
         self.token = token
         self.handle = handle
         self.digest_s: float | None = None  # seconds, this process
-        #: Whether its code may write to the objects it reaches (read once).
-        self.writes: bool | None = None
 
 
 class ForkBackend(Backend):
@@ -202,11 +194,7 @@ class ForkBackend(Backend):
         Nor is a state whose last digest took longer than the last new pool
         took to start, while the current pool runs no call (a fresh pool is
         then the cheaper proof, and its workers replace, not join, the
-        current ones: :func:`smartexec.tuning.digest_pays`). Nor, ever, the
-        state of a callable whose code may write to what it reaches
-        (``self.calls += 1``): a digest proves this process's copy unchanged,
-        not the copy a worker's earlier calls wrote to, and a
-        ``ProcessPoolExecutor`` sends every call a fresh copy.
+        current ones: :func:`smartexec.tuning.digest_pays`).
         """
         if not share:
             return fn
@@ -215,10 +203,8 @@ class ForkBackend(Backend):
             pool = self._pool
             busy = pool is not None and pool.usable and pool.bound_calls > 0
             proves = digest_pays(entry.digest_s, self._fork_s, busy)
-        if entry.writes is None:
-            entry.writes = _writes_what_it_reaches(fn)
         digest: bytes | None = None
-        if proves and not entry.writes:
+        if proves:
             start = time.perf_counter()
             try:
                 digest = _fingerprint.digest(fn)
@@ -226,7 +212,7 @@ class ForkBackend(Backend):
                 pass
             entry.digest_s = time.perf_counter() - start
         with self._lock:
-            token = self._token(fn)
+            token = entry.token
             pool = self._pool
             since: int | None = next(self._epochs)
             if (
