@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -62,12 +63,12 @@ def default_buffersize(n_workers: int) -> int:
 class _Slot:
     """Consecutive items sent as one chunk; part of it may be re-sent."""
 
-    __slots__ = ("calls", "outcomes", "future", "retries", "spared", "error")
+    __slots__ = ("calls", "outcomes", "future", "retries", "spared", "error", "__weakref__")
 
-    def __init__(self, calls: list[Call], future: Future[ChunkResult], retries: int = 0):
+    def __init__(self, calls: list[Call], retries: int = 0):
         self.calls = calls  # the items with no outcome yet
         self.outcomes: list[tuple[bool, Any]] = []
-        self.future = future
+        self.future: Future[ChunkResult]  # its latest send: ChunkStream._post
         self.retries = retries  # re-sends left after a worker death
         self.spared = False  # had its free re-run after another worker's death
         #: The error of ``calls`` met by :meth:`ChunkStream.finish`, raised
@@ -228,6 +229,12 @@ class ChunkStream:
         #: (chunks still to send, results still to take, items per chunk) while probing
         self._probe = [probe[0], probe[0], probe[1]] if probe is not None else None
         self._window: collections.deque[_Slot] = collections.deque()
+        #: The slot of each send as it ends (weakly: a result handed out must
+        #: not live on here), in completion order: the reader takes what
+        #: ended beyond the head from here, not by a scan of the window for
+        #: every result (a window of 258 chunks on a wide thread pool cost
+        #: more than the calls did).
+        self._landed: collections.deque[weakref.ref[_Slot]] = collections.deque()
         self._budgets = True  # chunks carry a time budget (see send_rest)
         self._exhausted = False
         self.sizes: list[int] = []  # every chunksize sent, for explain() and tests
@@ -358,7 +365,7 @@ class ChunkStream:
             if chunk:
                 if self._remaining is not None:
                     self._remaining -= len(chunk)
-                self._window.append(_Slot(chunk, self._send(chunk, budget), self._max_retries))
+                self._window.append(self._post(_Slot(chunk, self._max_retries), budget))
                 self.sizes.append(len(chunk))
             if error is not None:
                 self._input_error = error
@@ -401,7 +408,7 @@ class ChunkStream:
         slot.calls = slot.calls[done:]
         if slot.calls:
             per_item = result.compute_s / max(done, 1)
-            slot.future = self._send(slot.calls, chunk_budget_s(per_item, len(slot.calls)))
+            self._post(slot, chunk_budget_s(per_item, len(slot.calls)))
         self._advise(result, calls)
 
     def _advise(self, result: ChunkResult, calls: list[Call]) -> None:
@@ -428,7 +435,7 @@ class ChunkStream:
             # Which item was it? Send each alone, right after this slot. The
             # failure is charged to none of them: the culprit fails again alone
             # (and spends its own retries), the others give their results.
-            singles = [_Slot([call], self._send([call], None), slot.retries) for call in slot.calls]
+            singles = [self._post(_Slot([call], slot.retries), None) for call in slot.calls]
             slot.calls = []
             at = self._window.index(slot)  # the head, unless read in completion order
             for offset, single in enumerate(singles, start=1):
@@ -439,23 +446,30 @@ class ChunkStream:
             # this item may have died of another's crash. One free re-run; the
             # culprit crashes again and fails.
             slot.spared = True
-            slot.future = self._send(slot.calls, None)
+            self._post(slot, None)
             return True
         if crashed and slot.retries > 0:
             slot.retries -= 1
-            slot.future = self._send(slot.calls, None)
+            self._post(slot, None)
             return True
         return False
 
+    def _post(self, slot: _Slot, budget: float | None) -> _Slot:
+        """Send ``slot``'s calls (its ``future`` is the send's), heard in :attr:`_landed` as it ends."""
+        slot.future = self._send(slot.calls, budget)
+        landed, ref = self._landed, weakref.ref(slot)
+        slot.future.add_done_callback(lambda _: landed.append(ref))
+        return slot
+
     def _resend_partials(self) -> None:
-        for slot in self._window:
+        """Take every chunk that ended whole or part-way since the last look (not failed ones)."""
+        landed = self._landed
+        while landed:
+            slot = landed.popleft()()
+            if slot is None or not slot.calls or slot.error is not None:
+                continue
             future = slot.future
-            if (
-                slot.calls
-                and future.done()
-                and not future.cancelled()
-                and future.exception() is None
-            ):
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self._absorb(slot)
 
     # -- receiving ---------------------------------------------------------------
@@ -468,7 +482,10 @@ class ChunkStream:
                 if slot.calls:
                     self._resend_partials()
                 if not slot.calls:
-                    return slot.outcomes
+                    # Handed over: the slot, which _landed may still hold,
+                    # keeps no result alive.
+                    outcomes, slot.outcomes = slot.outcomes, []
+                    return outcomes
                 future = slot.future
             # Not under the lock: a shutdown from the thread that completes
             # this future (a done-callback) takes the lock to send the rest.
@@ -546,6 +563,7 @@ class ChunkStream:
             return self._next_done()
 
     def _next_done(self) -> list[tuple[bool, Any]] | None:
+        self._resend_partials()
         for slot in self._window:
             # not slot.calls: taken whole by finish(), its future already read
             if not slot.calls or slot.error is not None or slot.future.done():
@@ -607,10 +625,39 @@ class ChunkStream:
         self._exhausted = True
         return self._remaining
 
-    def reattach(self) -> None:
-        """Undo :meth:`detach`: read the input again (the move it was for failed)."""
+    def reattach(self, calls: Iterator[Call] | None = None) -> None:
+        """Undo :meth:`detach`: read the input again (the move it was for failed).
+
+        ``calls``: the input to read from here, when the move put items
+        :meth:`take_back` took in front of it.
+        """
+        if calls is not None:
+            self._calls = calls
         self._exhausted = False
         self._refill()
+
+    def take_back(self) -> list[Call]:
+        """Cancel the chunks at the window's end that no worker started; return their calls, in order.
+
+        For a map that moves (after :meth:`detach`): what the workers it
+        leaves have not begun goes with the rest of the input, first, rather
+        than waiting behind the chunks they run (a queue of one-item chunks
+        of 16 ms on two fork workers held a move to threads back ~0.1 s).
+        A chunk is taken only while its future can still be cancelled; the
+        results of the chunks before it come from here, as before.
+        """
+        taken: list[list[Call]] = []
+        with self._lock:
+            while self._window:
+                slot = self._window[-1]
+                if slot.outcomes or slot.error is not None or not slot.future.cancel():
+                    break
+                self._window.pop()
+                taken.append(slot.calls)
+            for calls in taken:
+                if self._remaining is not None:
+                    self._remaining += len(calls)
+        return [call for calls in reversed(taken) for call in calls]
 
     def send_rest(self, budgets: bool = True) -> None:
         """Send every item of the input not read yet now, whatever ``buffersize``.
