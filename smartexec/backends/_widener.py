@@ -103,7 +103,8 @@ class _Widener:
         in_flight = backend._pending + _peek(backend._calls_in) - _peek(backend._calls_out)
         last, self._last = self._last, None
         if in_flight <= width:
-            return  # nothing queued: the width serves
+            self.due = 0.0  # nothing queued: the width serves; look again at the next call
+            return
         runnable = backend.threads_wanted_s()
         if runnable is None:
             runnable = backend.threads_cpu_s()

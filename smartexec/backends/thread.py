@@ -407,7 +407,14 @@ class ThreadBackend(Backend):
         # After the pool's first chunk is on its way (it runs alone,
         # uncapped), before a second can overlap it: see ThreadCap.prepare.
         THREAD_CAP.prepare()
+        self._queued()
         return future
+
+    def _queued(self) -> None:
+        """Let the widener look as calls queue: the look that starts its measurement is then here, not at the first call's end."""
+        widener = self._widener
+        if widener is not None and (now := time.perf_counter()) >= widener.due:
+            widener.check(now)
 
     def submit_call(
         self,
