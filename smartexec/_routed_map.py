@@ -461,6 +461,7 @@ class RoutedMap:
         assert self.relay is not None
         if verdict.target == "inline":
             stream.detach()
+            self._take_back(stream)
             profile = decision.profile
             here = in_caller(self.fn, None if profile is None else profile.effects)
             self.relay.append(InlineStream(here, self.inputs, ex._stats.inline))
@@ -477,7 +478,8 @@ class RoutedMap:
             return ended
         if verdict.target is None or alternative is None:
             return decision
-        left = stream.detach()
+        stream.detach()
+        left = self._take_back(stream)
         try:
             with ex._lock:
                 ex._ensure_open()
@@ -497,7 +499,7 @@ class RoutedMap:
             )
             new = open_stream(ex, plan, self.inputs, left)
         except Exception as exc:  # e.g. shut down meanwhile: stay
-            stream.reattach()
+            stream.reattach(zip(self.inputs, itertools.repeat(_NO_KWARGS)))
             said = (f"{verdict.reason}; the move failed: {exc}",)
             ex._router.note(decision, estimate, backend.name, said, measured=True)
             return decision
@@ -507,6 +509,13 @@ class RoutedMap:
             reasons += (THREADS_MUST_BE_SAFE,)
         ex._router.note(moved, estimate, verdict.target, reasons, new, measured=True)
         return moved
+
+    def _take_back(self, stream: ChunkStream) -> int | None:
+        """Put the calls of ``stream``'s chunks no worker started in front of the input; the items left."""
+        back = stream.take_back()
+        if back:
+            self.inputs = itertools.chain([args for args, _ in back], self.inputs)
+        return stream.remaining
 
     # -- record: what the callable's next maps start from
 

@@ -18,6 +18,7 @@ import pytest
 
 from smartexec import SmartExecutor, gil
 from smartexec import _routed_map as routed_map
+from smartexec._chunk_stream import ChunkStream
 from smartexec._rerouting import Reroute
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,6 +79,9 @@ class FailingIterator:
 def forced_move(monkeypatch):
     """The next routed map starts on fork and moves to threads after its first two chunks."""
     gil.forget(sleepy)  # an earlier test's measurement would start it on threads
+    # The new stream's first read must reach the input: chunks taken back
+    # from the old one (ChunkStream.take_back) would fill its first window.
+    monkeypatch.setattr(ChunkStream, "take_back", lambda self: [])
     monkeypatch.setattr(routed_map.Evidence, "ready", lambda self: len(self.per_item) >= 2)
     monkeypatch.setattr(
         routed_map,

@@ -254,9 +254,51 @@ def _force_a_move(monkeypatch, target):
     monkeypatch.setattr(routed_map, "reroute", forced)
 
 
+def _keep_what_was_sent(monkeypatch):
+    """The old backend keeps every chunk sent to it (none is taken back at the move)."""
+    monkeypatch.setattr(ChunkStream, "take_back", lambda self: [])
+
+
+def held_until_marked(x, marks):
+    """Items 2 and 3 wait (up to 30 s) for the mark item 7 or later leaves; each returns its pid."""
+    if x in (2, 3):
+        deadline = time.monotonic() + 30
+        while not os.path.exists(marks) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif x >= 7:
+        open(marks, "a").close()
+    return x, os.getpid()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_move_takes_back_the_chunks_no_worker_started(monkeypatch, tmp_path, ordered):
+    # Two fork workers hold items 2 and 3 until an item of 7 or later has
+    # run; the move comes after items 0 and 1, so items 4 and 5 (sent, one
+    # a chunk, queued behind them) are still waiting: they go with the rest
+    # of the input to threads, here, rather than after 2 and 3 on fork.
+    _force_a_move(monkeypatch, "thread")
+    marks = str(tmp_path / "mark")
+    with SmartExecutor(max_workers=2) as ex:
+        assert ex.explain(held_until_marked).backend == "fork"
+        results = list(
+            ex.map(held_until_marked, range(30), itertools.repeat(marks), ordered=ordered)
+        )
+        log = "\n".join(map(str, ex.decisions()))
+        assert "moved to thread by the test" in log, log
+    assert sorted(x for x, _ in results) == list(range(30))
+    if ordered:
+        assert [x for x, _ in results] == list(range(30))
+    pids = dict(results)
+    assert pids[2] != os.getpid() and pids[3] != os.getpid()  # running on fork at the move
+    assert pids[4] == os.getpid() and pids[5] == os.getpid()  # taken back
+    assert all(pids[x] == os.getpid() for x in range(7, 30))
+
+
 @pytest.mark.timeout(120)
 def test_a_map_that_moves_to_threads_yields_every_item_once(monkeypatch):
     _force_a_move(monkeypatch, "thread")
+    _keep_what_was_sent(monkeypatch)
     with SmartExecutor(max_workers=2) as ex:
         results = list(ex.map(slow_window, range(60), ordered=False))
         log = "\n".join(map(str, ex.decisions()))
@@ -271,6 +313,7 @@ def test_a_map_that_moves_to_threads_yields_every_item_once(monkeypatch):
 @pytest.mark.timeout(120)
 def test_a_map_that_moves_to_a_loop_yields_every_item_once(monkeypatch):
     _force_a_move(monkeypatch, "inline")
+    _keep_what_was_sent(monkeypatch)
     with SmartExecutor(max_workers=2) as ex:
         results = list(ex.map(slow_window, range(60), ordered=False))
         log = "\n".join(map(str, ex.decisions()))
