@@ -81,6 +81,11 @@ class _Widener:
         self.limit = max(backend.max_workers, _open_files_limit())
         self.process_cpu: Callable[[], float] = time.process_time
 
+    @property
+    def unmeasured(self) -> bool:
+        """Whether no reading of the pool's clocks is kept (nothing queued at the last look)."""
+        return self._last is None
+
     def check(self, now: float) -> None:
         """Look at the pool (at most one thread at a time; the others go on)."""
         if not self._lock.acquire(blocking=False):
@@ -103,8 +108,7 @@ class _Widener:
         in_flight = backend._pending + _peek(backend._calls_in) - _peek(backend._calls_out)
         last, self._last = self._last, None
         if in_flight <= width:
-            self.due = 0.0  # nothing queued: the width serves; look again at the next call
-            return
+            return  # nothing queued: the width serves
         runnable = backend.threads_wanted_s()
         if runnable is None:
             runnable = backend.threads_cpu_s()

@@ -411,9 +411,15 @@ class ThreadBackend(Backend):
         return future
 
     def _queued(self) -> None:
-        """Let the widener look as calls queue: the look that starts its measurement is then here, not at the first call's end."""
-        widener = self._widener
-        if widener is not None and (now := time.perf_counter()) >= widener.due:
+        """Let the widener take its first reading as soon as chunks queue, not at a call's end.
+
+        Its next look, at the first call's end, can then widen the pool.
+        """
+        widener, pool = self._widener, self._pool
+        if widener is None or pool is None or self._pending <= getattr(pool, "_max_workers", 0):
+            return
+        now = time.perf_counter()
+        if widener.unmeasured or now >= widener.due:
             widener.check(now)
 
     def submit_call(
