@@ -153,6 +153,20 @@ def test_the_widener_leaves_a_pool_with_nothing_queued(monkeypatch):
         backend.shutdown()
 
 
+@pytest.mark.parametrize(("chunks", "measured"), [(20, True), (3, False)])
+def test_the_widener_takes_its_first_reading_as_chunks_queue(chunks, measured):
+    # Before any call ends: the look at the first call's end can then widen.
+    backend = ThreadBackend(None, 2)
+    release = threading.Event()
+    futures = [backend.submit_chunk(release.wait, [((30,), {})]) for _ in range(chunks)]
+    try:
+        assert backend._widener.unmeasured is not measured  # 3 chunks fit the 6 threads
+    finally:
+        release.set()
+        assert all(f.result(timeout=30).outcomes for f in futures)
+        backend.shutdown()
+
+
 def test_a_stale_look_is_only_a_baseline(monkeypatch):
     backend = ThreadBackend(None, 2)
     figures = _Figures(backend, monkeypatch)
