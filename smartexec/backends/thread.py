@@ -416,8 +416,9 @@ class ThreadBackend(Backend):
         Its next look, at the first call's end, can then widen the pool.
         """
         widener, pool = self._widener, self._pool
-        if widener is None or pool is None or self._pending <= getattr(pool, "_max_workers", 0):
-            return
+        queue = getattr(pool, "_work_queue", None)
+        if widener is None or queue is None or not queue.qsize():
+            return  # nothing waits for a thread
         now = time.perf_counter()
         if widener.unmeasured or now >= widener.due:
             widener.check(now)
