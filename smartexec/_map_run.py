@@ -23,6 +23,7 @@ Where each item goes is the executor's ChunkStream and Relay's (see
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -72,10 +73,18 @@ if TYPE_CHECKING:
 __all__ = ["MapRun", "check_task_timeout", "require_int"]
 
 
-def require_int(name: str, value: Any, what: str) -> None:
-    """Raise TypeError unless ``value`` is an int (a bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__qualname__})")
+def require_int(name: str, value: Any, what: str) -> int:
+    """``value`` as an int: an int or any integer type (``__index__``: numpy's too), not a bool.
+
+    Raises:
+        TypeError: anything else, e.g. ``2.5`` or ``"2"``, as the stdlib pools do.
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__qualname__})")
 
 
 def check_task_timeout(value: Any) -> float | None:

@@ -82,9 +82,6 @@ def _options_without_backend(options: dict[str, Any]) -> str:
 
 def check_arguments(
     *,
-    max_workers: Any,
-    max_threads: Any,
-    max_processes: Any,
     backend: Any,
     prefer: Any,
     big_state_bytes: Any,
@@ -98,27 +95,10 @@ def check_arguments(
         TypeError: a wrong type, or backend options with no ``backend=``.
         ValueError: a value out of range, or an unknown ``prefer``.
     """
-    for name, value in (
-        ("max_workers", max_workers),
-        ("max_threads", max_threads),
-        ("max_processes", max_processes),
-    ):
-        if value is not None:
-            _require_int(name, value, "an int or None")
-            if value <= 0:
-                raise ValueError(f"{name} must be greater than 0")
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(
-            f"backend must be a backend name (str) or None, got {backend!r} "
-            f'({type(backend).__qualname__}); e.g. backend="thread"'
-        )
+    check_route(backend, prefer)
     _require_int("big_state_bytes", big_state_bytes, "an int (bytes)")
     if big_state_bytes < 0:
         raise ValueError(f"big_state_bytes must be >= 0, got {big_state_bytes}")
-    if prefer is not None and prefer not in PREFER_VALUES:
-        raise ValueError(
-            f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, got {prefer!r}"
-        )
     if backend_options and backend is None:
         raise TypeError(_options_without_backend(backend_options))
     _require_int("max_retries", max_retries, "an int")
@@ -128,6 +108,24 @@ def check_arguments(
         raise TypeError(
             f"allow_inline must be True or False, got {allow_inline!r} "
             f"({type(allow_inline).__qualname__})"
+        )
+
+
+def check_route(backend: Any, prefer: Any) -> None:
+    """Refuse a ``backend=`` that is not a name (str) or None, and an unknown ``prefer=``.
+
+    Raises:
+        TypeError: ``backend`` is not a str or None.
+        ValueError: ``prefer`` is not one of :data:`~smartexec._config.PREFER_VALUES` or None.
+    """
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(
+            f"backend must be a backend name (str) or None, got {backend!r} "
+            f'({type(backend).__qualname__}); e.g. backend="thread"'
+        )
+    if prefer is not None and prefer not in PREFER_VALUES:
+        raise ValueError(
+            f"prefer must be one of {', '.join(map(repr, PREFER_VALUES))} or None, got {prefer!r}"
         )
 
 
@@ -230,6 +228,26 @@ class Widths:
     max_workers: int | None = None
     max_threads: int | None = None
     max_processes: int | None = None
+
+    @classmethod
+    def checked(cls, max_workers: Any, max_threads: Any, max_processes: Any) -> Widths:
+        """The widths the user gave, each None or an int >= 1 (numpy's ints too, as the stdlib takes them).
+
+        Raises:
+            TypeError: a width that is not an integer (a bool is refused).
+            ValueError: a width under 1.
+        """
+        given = {
+            "max_workers": max_workers,
+            "max_threads": max_threads,
+            "max_processes": max_processes,
+        }
+        for name, value in given.items():
+            if value is not None:
+                given[name] = value = _require_int(name, value, "an int or None")
+                if value <= 0:
+                    raise ValueError(f"{name} must be greater than 0, got {value}")
+        return cls(**given)
 
     def for_backend(self, name: str) -> int | None:
         """The ``max_workers`` backend ``name`` is made with (None: its own default)."""

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
-from ._setup import Widths
+from ._map_run import check_map_arguments
+from ._setup import Widths, check_route
 from .executor import SmartExecutor
-from .policy import PREFER_VALUES, Decision
+from .policy import Decision
 from .progress import ProgressFactory, progress_factory
 from .registry import require_known
 from .stats import ExecutorStats
@@ -65,28 +65,6 @@ class MappedFunction(Protocol[T, R]):
             :meth:`SmartExecutor.decisions` of that call's executor: the
             policy's decision, then one entry saying what the map ran on.
         """
-
-
-def _check_options(counts: dict[str, Any], backend: Any, prefer: Any) -> None:
-    """Raise for a bad option when decorating, not at the first call (as SmartExecutor would).
-
-    ``counts``: the options that take an int >= 1 or None, by name.
-    """
-    for name, value in counts.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(
-                f"{name} must be an int or None, got {value!r} ({type(value).__qualname__})"
-            )
-        if value < 1:
-            raise ValueError(f"{name} must be 1 or more, got {value}")
-    if prefer is not None and prefer not in PREFER_VALUES:
-        raise ValueError(f"prefer must be one of {PREFER_VALUES} or None, got {prefer!r}")
-    if backend is not None:
-        if not isinstance(backend, str):
-            raise TypeError(f"backend must be a backend name (str) or None, got {backend!r}")
-        require_known(backend)
 
 
 @overload
@@ -184,8 +162,12 @@ def parallel_map(
     factory = progress_factory(progress)
     if not isinstance(ordered, bool):
         raise TypeError(f"ordered must be True or False, got {ordered!r}")
-    widths = Widths(max_workers, max_threads, max_processes)
-    _check_options({**dataclasses.asdict(widths), "chunksize": chunksize}, backend, prefer)
+    # Refused when decorating, not at the first call, with SmartExecutor's and map's words.
+    widths = Widths.checked(max_workers, max_threads, max_processes)
+    check_map_arguments(chunksize, None)
+    check_route(backend, prefer)
+    if backend is not None:
+        require_known(backend)
     options = _Options(widths, chunksize, backend, prefer, factory or False, ordered)
     decorate = functools.partial(_decorate, options=options)
     return decorate(fn) if fn is not None else decorate

@@ -76,8 +76,9 @@ class SmartExecutor(Executor):
     ``concurrent.futures.wait`` / ``as_completed``).
 
     Args:
-        max_workers: workers per backend (int >= 1), fixed, as the stdlib
-            pools take it. None means one per usable CPU for process
+        max_workers: workers per backend (int >= 1, or any integer type:
+            numpy's too; a bool is refused), fixed, as the stdlib pools
+            take it. None means one per usable CPU for process
             backends; threads start at ``min(32, cpus + 4)``, as
             ``ThreadPoolExecutor``'s, and grow while calls queue and the
             threads mostly wait (up to
@@ -224,10 +225,8 @@ class SmartExecutor(Executor):
         allow_inline: bool = False,
         **backend_options: Any,
     ):
+        widths = _setup.Widths.checked(max_workers, max_threads, max_processes)
         _setup.check_arguments(
-            max_workers=max_workers,
-            max_threads=max_threads,
-            max_processes=max_processes,
             backend=backend,
             prefer=prefer,
             big_state_bytes=big_state_bytes,
@@ -269,8 +268,8 @@ class SmartExecutor(Executor):
         self._task_timeout = task_timeout
         self._max_retries = max_retries
         self._progress = progress_factory(progress)
-        self._max_workers = max_workers
-        self._widths = _setup.Widths(max_workers, max_threads, max_processes)
+        self._max_workers = widths.max_workers
+        self._widths = widths
         self._shutdown = False
         self._backends: dict[str, Backend] = {}
         self._stats = StatsRecorder()

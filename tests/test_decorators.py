@@ -91,8 +91,10 @@ def test_a_positional_option_is_refused_when_decorating():
 @pytest.mark.parametrize(
     ("options", "error", "said"),
     [
-        ({"max_workers": 0}, ValueError, "max_workers must be 1 or more"),
-        ({"max_threads": 0}, ValueError, "max_threads must be 1 or more"),
+        ({"max_workers": 0}, ValueError, "max_workers must be greater than 0"),
+        ({"max_threads": 0}, ValueError, "max_threads must be greater than 0"),
+        ({"max_workers": True}, TypeError, "max_workers must be an int"),
+        ({"chunksize": 0}, ValueError, "chunksize must be >= 1"),
         ({"max_processes": 2.5}, TypeError, "max_processes must be an int"),
         ({"chunksize": "100"}, TypeError, "chunksize must be an int"),
         ({"prefer": "gpu"}, ValueError, "prefer must be one of"),

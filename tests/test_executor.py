@@ -49,6 +49,16 @@ def test_max_workers_must_be_an_int():
         SmartExecutor("2")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", ["max_workers", "max_threads", "max_processes"])
+def test_a_width_may_be_any_integer_type_as_the_stdlib_pools_take_it(name):
+    # numpy's ints (a width read from an array, a config) have __index__.
+    with SmartExecutor(**{name: np.int64(2)}) as ex:
+        assert type(getattr(ex._widths, name)) is int
+        assert list(ex.map(abs, [-1, -2], chunksize=np.int64(1))) == [1, 2]
+    with pytest.raises(TypeError, match=f"{name} must be an int"):
+        SmartExecutor(**{name: True})  # the stdlib takes True as 1: a slip, refused
+
+
 @pytest.mark.parametrize("name", ["max_threads", "max_processes"])
 def test_a_kinds_own_limit_is_checked_as_max_workers_is(name):
     with pytest.raises(ValueError, match=f"{name} must be greater than 0"):
