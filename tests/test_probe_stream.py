@@ -9,12 +9,15 @@ never leave one while input remains, in input order or as completed.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 from smartexec._chunk_stream import ChunkStream
 from smartexec._mapping import stream_values
 from smartexec._remote import run_chunk
+from smartexec._rerouting import CHEAP_ITEMS
+from smartexec._routed_map import RoutedMap
 from smartexec.tuning import Estimate
 
 pytestmark = pytest.mark.timeout(30)
@@ -121,3 +124,18 @@ def test_a_probe_taken_again_sends_one_item_per_worker_then_waits():
     rest = [v for chunk in chunks for _, v in chunk]  # the probe over: the full window
     assert rest == [x * x for x in range(2, 100)]
     assert max(sizes) > 1
+
+
+@pytest.mark.parametrize("shares_memory", [True, False], ids=["threads", "processes"])
+@pytest.mark.parametrize(("per_item_s", "probes"), [(4e-6, True), (1e-3, False), (None, False)])
+def test_items_measured_too_cheap_to_send_are_probed_on_any_route(
+    shares_memory, per_item_s, probes
+):
+    # A stored profile's 4 us an item sized the first chunks of a fork map at
+    # 3,000-4,000 items: 20,000 of 30,000 were sent before it moved to a loop.
+    estimate = Estimate()
+    if per_item_s is not None:
+        estimate.seed(per_item_s, 1000, 0.0)
+    backend = SimpleNamespace(max_workers=2, shares_memory=shares_memory)
+    routed = SimpleNamespace(backend=backend, estimate=estimate, dear=False)
+    assert RoutedMap.probe(routed) == ((2, CHEAP_ITEMS) if probes else None)
