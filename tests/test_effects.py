@@ -605,3 +605,49 @@ def test_memos_that_overwrite_and_cached_objects_are_shared(fn):
     # reads; an lru_cache returns one object to every call; an lru_cache'd
     # callable is read through to its function.
     assert not effects_of(fn).allows("thread"), effects_of(fn)
+
+
+class _Held:
+    @functools.cache  # noqa: B019 - a decorated method, for its first line
+    def method(self, x):
+        return x + 1
+
+
+# fmt: off
+_SPREAD = [
+    lambda x: (
+        x + 1
+    ),
+    map(
+        str,
+        [],
+    ),
+]
+# fmt: on
+_ACROSS = functools.partial(
+    sorted,
+    key=lambda y: -y,  # a lambda whose statement began two lines up
+)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [_Held.method.__wrapped__, _SPREAD[0], _ACROSS.keywords["key"], smartexec.SmartExecutor.map],
+    ids=["decorated-method", "lambda-over-lines", "lambda-mid-statement", "library-method"],
+)
+def test_a_functions_own_lines_are_read_or_else_its_whole_file(fn):
+    from smartexec.effects import _source
+
+    nodes = _source.nodes_of(fn)
+    assert nodes is not None and len(nodes) == 1
+    assert nodes[0].lineno in (fn.__code__.co_firstlineno, fn.__code__.co_firstlineno + 1)
+
+
+def test_a_plain_function_is_found_without_parsing_its_whole_file(monkeypatch):
+    from smartexec.effects import _source
+
+    def no_file(*_):
+        raise AssertionError("the whole file was parsed")
+
+    monkeypatch.setattr(_source, "source_tree", no_file)
+    assert _source.nodes_of(_Held.method.__wrapped__) is not None
