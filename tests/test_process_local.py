@@ -9,6 +9,8 @@ import io
 import queue
 import random
 import re
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -215,3 +217,18 @@ def test_the_user_can_still_force_a_process_backend():
     seen: list[int] = []
     with SmartExecutor(2, backend="fork") as ex:
         assert ex.explain(seen.append).backend == "fork"
+
+
+def test_reading_a_method_imports_nothing_of_numpy_it_had_not():
+    # numpy loads numpy.random lazily: a method's first map paid ~10 ms for
+    # it, though no object here can be one of its generators before.
+    code = (
+        "import sys, numpy, smartexec.effects as e\n"
+        "class Box:\n"
+        "    def get(self, i):\n"
+        "        return i\n"
+        "assert 'numpy.random' not in sys.modules\n"
+        "e.process_local_reason(Box().get)\n"
+        "assert 'numpy.random' not in sys.modules, 'imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -165,8 +165,12 @@ def _thread_shared() -> tuple[type, ...]:
 
 
 def _random_generators() -> tuple[type, ...]:
-    """``random.Random`` (and ``SystemRandom``), and numpy's generators once numpy is imported."""
-    np = sys.modules.get("numpy")
-    if np is None:
+    """``random.Random`` (and ``SystemRandom``), and numpy's generators once ``numpy.random`` is imported.
+
+    Not before: no object of this process can be one of its generators, and
+    importing it (numpy loads it lazily) cost a bound method's first map ~10 ms.
+    """
+    np_random = sys.modules.get("numpy.random")
+    if np_random is None:
         return (random.Random,)
-    return (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator)
+    return (random.Random, np_random.Generator, np_random.RandomState, np_random.BitGenerator)
