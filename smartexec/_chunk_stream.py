@@ -644,11 +644,14 @@ class ChunkStream:
         than waiting behind the chunks they run (a queue of one-item chunks
         of 16 ms on two fork workers held a move to threads back ~0.1 s).
         A chunk is taken only while its future can still be cancelled; the
-        results of the chunks before it come from here, as before.
+        results of the chunks before it come from here, as before. Nothing
+        is taken once the input (or a send) failed: that error is raised
+        here after this stream's chunks, at its place, and the items taken
+        would come after it.
         """
         taken: list[list[Call]] = []
         with self._lock:
-            while self._window:
+            while self._window and self._input_error is None:
                 slot = self._window[-1]
                 if slot.outcomes or slot.error is not None or not slot.future.cancel():
                     break

@@ -295,6 +295,34 @@ def test_a_move_takes_back_the_chunks_no_worker_started(monkeypatch, tmp_path, o
     assert sum(pids[x] == parent for x in range(2, 7)) >= 3, pids
 
 
+def failing_at_ten(n):
+    for i in range(n):
+        if i == 10:
+            raise KeyError("the input broke")
+        yield i
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("target", ["thread", "inline"])
+def test_a_move_after_the_input_failed_keeps_every_result_before_the_error(
+    monkeypatch, target, ordered
+):
+    # Found by a breaker: the chunks taken back went behind the input's
+    # error, kept by the stream they left, and were never read.
+    _force_a_move(monkeypatch, target)
+    gil.forget(square)
+    got = []
+    with SmartExecutor(max_workers=2) as ex:
+        assert ex.explain(square).backend == "fork"
+        with pytest.raises(KeyError, match="the input broke"):
+            for value in ex.map(square, failing_at_ten(30), ordered=ordered):
+                got.append(value)
+    assert sorted(got) == [x * x for x in range(10)]
+    if ordered:
+        assert got == [x * x for x in range(10)]
+
+
 @pytest.mark.timeout(120)
 def test_a_map_that_moves_to_threads_yields_every_item_once(monkeypatch):
     _force_a_move(monkeypatch, "thread")
