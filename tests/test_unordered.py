@@ -295,6 +295,48 @@ def test_a_move_takes_back_the_chunks_no_worker_started(monkeypatch, tmp_path, o
     assert sum(pids[x] == parent for x in range(2, 7)) >= 3, pids
 
 
+def slow_in_workers_from_two(x, parent):
+    """``x * x``; in a worker, items 2 and on take 0.3 s (queued behind them at a move: taken back)."""
+    if os.getpid() != parent and x >= 2:
+        time.sleep(0.3)
+    return x * x
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_move_that_fails_reads_on_with_what_it_took_back(monkeypatch, ordered):
+    # The new stream cannot open (the executor shut down meanwhile, say):
+    # the map stays, and the items taken back are read again, first.
+    _force_a_move(monkeypatch, "thread")
+    gil.forget(slow_in_workers_from_two)
+    opened, taken = [], []
+    real_open, real_take_back = routed_map.open_stream, ChunkStream.take_back
+
+    def open_once(*args, **kwargs):
+        opened.append(1)
+        if len(opened) > 1:
+            raise RuntimeError("cannot open")
+        return real_open(*args, **kwargs)
+
+    def recorded(self):
+        back = real_take_back(self)
+        taken.extend(back)
+        return back
+
+    monkeypatch.setattr(routed_map, "open_stream", open_once)
+    monkeypatch.setattr(ChunkStream, "take_back", recorded)
+    parent = os.getpid()
+    with SmartExecutor(max_workers=2) as ex:
+        assert ex.explain(slow_in_workers_from_two).backend == "fork"
+        got = list(ex.map(slow_in_workers_from_two, range(12), [parent] * 12, ordered=ordered))
+        log = "\n".join(map(str, ex.decisions()))
+    assert "the move failed: cannot open" in log, log
+    assert taken, "nothing was queued on fork at the move"
+    assert sorted(got) == [x * x for x in range(12)]
+    if ordered:
+        assert got == [x * x for x in range(12)]
+
+
 def failing_at_ten(n):
     for i in range(n):
         if i == 10:
