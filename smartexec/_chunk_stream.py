@@ -644,7 +644,10 @@ class ChunkStream:
         than waiting behind the chunks they run (a queue of one-item chunks
         of 16 ms on two fork workers held a move to threads back ~0.1 s).
         A chunk is taken only while its future can still be cancelled; the
-        results of the chunks before it come from here, as before. Nothing
+        results of the chunks before it come from here, as before. That
+        needs a future whose ``cancel()`` fails once its chunk may run: the
+        backends a map moves from (fork, loky, threads) mark it running when
+        they hand the chunk on. Nothing
         is taken once the input (or a send) failed: that error is raised
         here after this stream's chunks, at its place, and the items taken
         would come after it.
