@@ -551,7 +551,9 @@ def test_a_burst_of_a_computing_callable_runs_every_call_in_workers_in_order():
         futures = [ex.submit(_computes_briefly, i) for i in range(60)]
         pids = [f.result(timeout=60) for f in futures]
         assert os.getpid() not in pids
-        assert ex.explain(_computes_briefly).backend == "fork"
+        # Where the next submit goes is the verdict's, from figures measured
+        # under whatever load the machine has (a CI run once read threads):
+        # decided with injected figures in the tests above, not asserted here.
         assert ex.stats().backends["fork"].items == 60
 
 
