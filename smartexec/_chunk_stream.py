@@ -563,7 +563,10 @@ class ChunkStream:
             return self._next_done()
 
     def _next_done(self) -> list[tuple[bool, Any]] | None:
-        self._resend_partials()
+        # Read in completion order, a chunk is taken when found done below, one
+        # at a time: taking every landed one here at once (one may move the
+        # map) lost a result of a map that moved as its input failed.
+        self._landed.clear()
         for slot in self._window:
             # not slot.calls: taken whole by finish(), its future already read
             if not slot.calls or slot.error is not None or slot.future.done():
