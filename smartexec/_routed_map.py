@@ -500,7 +500,7 @@ class RoutedMap:
             )
             new = open_stream(ex, plan, self.inputs, left)
         except Exception as exc:  # e.g. shut down meanwhile: stay
-            stream.reattach(zip(self.inputs, itertools.repeat(_NO_KWARGS)))
+            stream.reattach(_as_calls(self.inputs))
             said = (f"{verdict.reason}; the move failed: {exc}",)
             ex._router.note(decision, estimate, backend.name, said, measured=True)
             return decision
@@ -617,7 +617,7 @@ def open_stream(
 
         stream = ChunkStream(
             send=send,
-            calls=zip(inputs, itertools.repeat(_NO_KWARGS)),
+            calls=_as_calls(inputs),
             remaining=remaining,
             n_workers=backend.max_workers,
             overhead_s=backend.chunk_overhead_s,
@@ -641,6 +641,11 @@ def open_stream(
     # (a generator that may wait for a thread submitting to this executor).
     stream.start()
     return stream
+
+
+def _as_calls(inputs: Iterator[tuple[Any, ...]]) -> Iterator[Call]:
+    """A map's argument tuples as the stream's calls: ``(args, no keyword arguments)``."""
+    return zip(inputs, itertools.repeat(_NO_KWARGS))
 
 
 def chunk_timeout(
