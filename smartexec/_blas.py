@@ -13,6 +13,14 @@ pools to ``max(1, cpus // k)`` threads each (never above what they were set
 to, by the user or by default) and puts them back when no chunk runs.
 threadpoolctl's limits are process-wide, so this is one counter for every
 thread backend of the process.
+
+A pool whose threads are not running is left alone: a fork stops OpenBLAS's
+threads in the forking process, and setting its count afterwards starts them
+again, each spinning on a core for ~100 ms before it sleeps. A map that moved
+from fork workers to threads paid that on every run (one of two cores, while
+the thread pool's widener read the process as busy and did not grow). A pool
+stopped that way restarts itself, at its count, when a call next uses it;
+the next chunk that starts then sees its threads and caps it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,26 @@ THREAD_VARIABLES = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
+
+
+def _pool_threads_run() -> bool:
+    """Whether threads Python does not know run in this process (a BLAS or OpenMP pool's).
+
+    The system's count of this process's threads (``/proc/self/stat``)
+    against :func:`threading.active_count`: ~5 us. A Python thread that has
+    just ended may still be counted; that errs toward capping, as before.
+    True where ``/proc`` cannot be read (not Linux): cap as if they ran.
+    """
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        threads = int(text[text.rindex(b")") + 2 :].split()[17])
+    except (OSError, ValueError, IndexError):
+        return True
+    return threads > threading.active_count()
 
 
 def threads_per_worker(cpu_count: int, n_workers: int) -> int:
@@ -127,7 +155,8 @@ class ThreadCap:
     ``k`` (about a microsecond each), on a controller built once
     (:func:`controller_for_fork`); nothing at all without numpy. The first
     thread that needs that controller builds it outside the lock; chunks
-    that start meanwhile run uncapped (:meth:`_build`).
+    that start meanwhile run uncapped (:meth:`_build`). Nothing is capped
+    while no pool's threads run (see the module's notes on forks).
     """
 
     def __init__(self) -> None:
@@ -173,8 +202,9 @@ class ThreadCap:
         """Set the cap for the chunks running now, one of them just counted in :attr:`tokens`."""
         if len(self.tokens) > 1 or self.saved is not None:
             cpus = max(1, cpus)
-            if self.saved is None and _controller is None and (self._building or not self._build()):
-                return  # another thread builds the table: this chunk runs uncapped
+            if self.saved is None and _controller is None:
+                if self._building or not _pool_threads_run() or not self._build():
+                    return  # another thread builds the table, or no pool runs: uncapped
             if self.saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
                 with self._lock:
                     self._cpus = cpus
@@ -189,9 +219,16 @@ class ThreadCap:
         took 0.077 s against 0.063 s with the table built before their pool
         started (15 interleaved runs each). The first chunk runs alone
         meanwhile, and one chunk alone needs no cap. Costs one dictionary
-        lookup once built. Never raises.
+        lookup once built. Not while no pool's threads run (after a fork):
+        the table is then built by the first chunks that find them running.
+        Never raises.
         """
-        if "numpy" in sys.modules and _controller is None and not self._building:
+        if (
+            "numpy" in sys.modules
+            and _controller is None
+            and not self._building
+            and _pool_threads_run()
+        ):
             self._build()
 
     def _build(self) -> bool:
@@ -245,8 +282,8 @@ class ThreadCap:
                 controller = controller_for_fork()
             except Exception:  # pragma: no cover - threadpoolctl missing or broken
                 return
-            if controller is None:
-                return
+            if controller is None or not _pool_threads_run():
+                return  # nothing to cap: a count set now would start a stopped pool
             self.saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
         active = self._active  # read once: the tokens change without the lock
         if active <= 0:

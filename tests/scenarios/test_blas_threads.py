@@ -7,6 +7,8 @@ workers share one process's pools, which smartexec caps while chunks overlap.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -25,6 +27,12 @@ def blas_threads() -> int:
     """The BLAS threads a call made now would use (the largest loaded pool)."""
     pools = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
     return max(pools, default=0)
+
+
+def start_blas_pool() -> None:
+    """Start the BLAS pool's threads (a fork earlier in this process stops OpenBLAS's)."""
+    a = np.ones((512, 512))
+    float((a @ a).sum())
 
 
 def seen_by_concurrent_tasks(n: int) -> list[int]:
@@ -49,6 +57,7 @@ def test_concurrent_thread_chunks_share_the_cpus_among_blas_threads(user_limit):
     if original < 2:
         pytest.skip("one BLAS thread here already: nothing to cap")
     cpus = current_platform().cpu_count
+    start_blas_pool()  # a pool whose threads are stopped is not capped (the next tests)
     if user_limit is None:
         seen = seen_by_concurrent_tasks(3)
         assert seen == [max(1, min(original, cpus // 3))] * 3
@@ -58,6 +67,73 @@ def test_concurrent_thread_chunks_share_the_cpus_among_blas_threads(user_limit):
             assert blas_threads() == user_limit
         assert seen == [user_limit] * 3
     assert blas_threads() == original  # put back once no chunk runs
+
+
+class _FakePool:
+    """A BLAS pool as threadpoolctl's table holds it: its thread count, and every count set."""
+
+    def __init__(self, threads: int):
+        self.num_threads = threads
+        self.set: list[int] = []
+
+    def set_num_threads(self, threads: int) -> None:
+        self.num_threads = threads
+        self.set.append(threads)
+
+
+@pytest.mark.parametrize(("threads_run", "counts_set"), [(True, [1, 2]), (False, [])])
+def test_a_blas_pool_is_capped_only_while_its_threads_run(monkeypatch, threads_run, counts_set):
+    # After a fork, OpenBLAS's threads are stopped in the forking process,
+    # and setting its count starts them again (each spins on a core for
+    # ~100 ms): a map moved from fork to threads lost one of two cores.
+    from smartexec import _blas
+
+    pool = _FakePool(2)
+
+    class Table:
+        lib_controllers = [pool]
+
+    monkeypatch.setattr(_blas, "_controller", (0, 0, Table()))
+    monkeypatch.setattr(_blas, "controller_for_fork", lambda: Table())
+    monkeypatch.setattr(_blas, "_pool_threads_run", lambda: threads_run)
+    monkeypatch.setitem(sys.modules, "numpy", np)
+    cap = _blas.ThreadCap()
+    cap.enter(2)
+    cap.enter(2)  # two chunks overlap: 1 thread each, if the pool runs
+    cap.exit()
+    cap.exit()
+    assert pool.set == counts_set
+    assert pool.num_threads == 2
+
+
+def _openblas_pthreads() -> bool:
+    return any(
+        p.get("internal_api") == "openblas" and p.get("threading_layer") == "pthreads"
+        and p["num_threads"] > 1
+        for p in threadpoolctl.threadpool_info()
+    )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts threads in /proc")
+def test_a_thread_map_after_a_fork_does_not_restart_a_stopped_blas_pool():
+    if not _openblas_pthreads():
+        pytest.skip("OpenBLAS with pthreads and 2 or more threads only")
+    from smartexec._threads import foreign_thread_ids
+
+    pid = os.fork()  # OpenBLAS stops its threads in this process before a fork
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    if foreign_thread_ids():
+        pytest.skip("another library's threads run here: nothing to tell apart")
+    with SmartExecutor(4, backend="thread") as ex:
+        list(ex.map(time.sleep, [0.02] * 8, chunksize=1))  # chunks overlap
+    # The pool's threads, just joined, may be listed a moment longer; a BLAS
+    # thread started meanwhile stays for the process's life.
+    deadline = time.monotonic() + 5
+    while foreign_thread_ids() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert foreign_thread_ids() == []  # no BLAS thread started (nor spinning)
 
 
 def test_one_chunk_at_a_time_keeps_every_blas_thread():
@@ -95,6 +171,7 @@ def test_chunks_do_not_wait_while_another_thread_builds_the_blas_table(monkeypat
 
     monkeypatch.setattr(_blas, "_controller", None)
     monkeypatch.setattr(_blas, "controller_for_fork", slow_build)
+    monkeypatch.setattr(_blas, "_pool_threads_run", lambda: True)
     cap = _blas.ThreadCap()
     cap.enter(2)  # one chunk runs: nothing to cap yet
     builder = threading.Thread(target=cap.enter, args=(2,))  # the second: it builds
