@@ -94,7 +94,8 @@ class StreamPlan:
         buffersize: chunks on their way at most, or None (the default window).
         end_time: ``time.monotonic()`` deadline of the map, or None.
         task_timeout: seconds per call, or None.
-        measure_first: chunks hold one item until an item is measured.
+        measuring: whether the chunks' figures still decide the map's
+            route (see :class:`ChunkStream`); None: they never do.
         on_result: sees each chunk's reply and its calls.
         probe: the first chunks' sizes before the full window (see :class:`ChunkStream`).
         on_send: hears ``(items, seconds)`` of each chunk's sending.
@@ -113,7 +114,7 @@ class StreamPlan:
     buffersize: int | None = None
     end_time: float | None = None
     task_timeout: float | None = None
-    measure_first: bool = False
+    measuring: Callable[[], bool] | None = None
     on_result: Callable[[ChunkResult, list[Call]], None] | None = None
     probe: tuple[int, int] | None = None
     on_send: Callable[[int, float], None] | None = None
@@ -143,9 +144,14 @@ class ChunkStream:
             an item is measured, chunks hold one item so results stream.
         max_retries: times an item is sent again after its worker died
             (:class:`~smartexec.errors.WorkerCrashedError`).
-        measure_first: until an item is measured, chunks hold one item, so
-            every worker starts at once and the first results (and the first
-            per-item time, for the chunksize) come back soonest.
+        measuring: ``() -> bool``, read as each chunk is sized: whether the
+            chunks' figures still decide where the map runs (its router has
+            no verdict yet). Until an item is measured, chunks then hold one
+            item, so every worker starts at once and the first figures come
+            back soonest; after, they aim at
+            :data:`~smartexec.tuning.MEASURING_CHUNK_S` of work, not the
+            route's own target (see :func:`~smartexec.tuning.chunk_target_s`).
+            None: they never do.
         abort: ``(futures) -> None``: stops those chunks, running ones too
             (:meth:`~smartexec.backends._base.Backend.abort`); called when
             the iteration ends by ``KeyboardInterrupt``, ``SystemExit`` or
@@ -201,7 +207,7 @@ class ChunkStream:
         on_chunk_error: Callable[[BaseException, list[Call]], BaseException],
         in_process: bool = False,
         max_retries: int = 0,
-        measure_first: bool = False,
+        measuring: Callable[[], bool] | None = None,
         abort: Abort | None = None,
         on_result: Callable[[ChunkResult, list[Call]], None] | None = None,
         probe: tuple[int, int] | None = None,
@@ -223,7 +229,7 @@ class ChunkStream:
         self._on_chunk_error = on_chunk_error
         self._in_process = in_process
         self._max_retries = max_retries
-        self._measure_first = measure_first
+        self._measuring = measuring
         self._abort = abort
         self._on_result = on_result
         #: (chunks still to send, results still to take, items per chunk) while probing
@@ -295,7 +301,7 @@ class ChunkStream:
             # Sized once, from the whole input, as multiprocessing.Pool.map does:
             # recomputed from what is left, the first window's chunks shrank.
             size = default_chunksize(self._length, self._workers, in_process=self._in_process)
-            if self._measure_first:
+            if self._measuring is not None and self._measuring():
                 # One item per chunk until one is measured: every worker gets
                 # work at once, and the first figures come back soonest.
                 size = 1
@@ -306,6 +312,7 @@ class ChunkStream:
             self.chunk_overhead_s,
             self._remaining,
             in_process=self._in_process,
+            measuring=self._measuring is not None and self._measuring(),
         )
         return size, chunk_budget_s(per_item, size) if self._budgets else None
 
@@ -685,7 +692,7 @@ class ChunkStream:
             # Unmeasured, chunks are sized as multiprocessing.Pool.map sizes
             # them, not one item each: nobody waits for a first result now.
             self._probe = None
-            self._measure_first = False
+            self._measuring = None
             self._budgets = budgets
             try:
                 self._refill(extra=sys.maxsize)

@@ -140,7 +140,7 @@ class RoutedMap:
             backend,
             buffersize=self.buffersize,
             end_time=self.end_time,
-            measure_first=estimate.per_item_s is None,
+            measuring=self.measuring,
             on_result=self.on_result,
             probe=self.probe(),
             on_send=None if backend.shares_memory else self.evidence.add_send,
@@ -179,6 +179,10 @@ class RoutedMap:
             # fork (0.26 s of sending, loaded machine) before it moved to threads.
             return (max(1, backend.max_workers), 1)
         return None
+
+    def measuring(self) -> bool:
+        """Whether the chunks sent now still decide where the map runs (no verdict yet)."""
+        return not self.settled and not self.evidence.stay_noted
 
     def clocked(self) -> bool:
         """Whether the chunk sent now needs its CPU seconds.
@@ -628,7 +632,7 @@ def open_stream(
             on_chunk_error=explain_error,
             in_process=backend.shares_memory,
             max_retries=ex._max_retries,
-            measure_first=plan.measure_first and chunksize is None,
+            measuring=plan.measuring if chunksize is None else None,
             abort=backend.abort,
             on_result=plan.on_result,
             probe=plan.probe if chunksize is None else None,

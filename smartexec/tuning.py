@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .gil import CPU_SHARE_WAITS
+from .gil import CPU_SHARE_WAITS, MIN_WATCH_S
 
 __all__ = [
     "digest_pays",
@@ -85,6 +85,15 @@ PROCESS_COST_MULTIPLE = 200
 #: thread: chunking items that wait (reads, sleeps) gives up their overlap,
 #: so their chunks stay short (2 ms).
 THREAD_COST_MULTIPLE = 100
+
+#: The most seconds of work a chunk aims at while its figures still decide
+#: where the map runs: a GIL watch's kind counts from
+#: :data:`~smartexec.gil.MIN_WATCH_S`, and two agreeing decide, so twice that
+#: suffices; the route's own target (30 ms on fork) only delays the verdict and
+#: leaves more behind when the map moves. 300 loopback GETs of ~13 ms, stored
+#: as waiting: their first chunks on fork held 3 items (38 ms) before the move
+#: to threads, now 1.
+MEASURING_CHUNK_S = 2 * MIN_WATCH_S
 
 #: The fewest seconds of work a chunk aims at, whatever the backend's cost.
 MIN_TARGET_CHUNK_S = 0.001
@@ -202,7 +211,9 @@ def default_chunksize(n_items: int, n_workers: int, *, in_process: bool = False)
     return max(1, -(-n_items // (max(1, n_workers) * CHUNKS_PER_WORKER)))
 
 
-def chunk_target_s(overhead_s: float, *, in_process: bool = False) -> float:
+def chunk_target_s(
+    overhead_s: float, *, in_process: bool = False, measuring: bool = False
+) -> float:
     """Seconds of work a chunk aims at on a backend costing ``overhead_s`` per chunk.
 
     :data:`PROCESS_COST_MULTIPLE` times the per-chunk cost on process
@@ -210,10 +221,13 @@ def chunk_target_s(overhead_s: float, *, in_process: bool = False) -> float:
     within [:data:`MIN_TARGET_CHUNK_S`, :data:`TARGET_CHUNK_S`]; a backend
     costing more than 2 ms per chunk (a cluster) gets at least 20x its cost.
     Threads (20 us) aim at 2 ms, fork (150 us) at 30 ms, loky (250 us) at
-    40 ms, Dask (3 ms) at 60 ms.
+    40 ms, Dask (3 ms) at 60 ms. While ``measuring`` (the chunks' figures
+    still decide the map's route), at most :data:`MEASURING_CHUNK_S`.
     """
     multiple = THREAD_COST_MULTIPLE if in_process else PROCESS_COST_MULTIPLE
     target = min(TARGET_CHUNK_S, max(MIN_TARGET_CHUNK_S, multiple * overhead_s))
+    if measuring:
+        target = min(target, MEASURING_CHUNK_S)
     return max(20 * overhead_s, target)
 
 
@@ -224,6 +238,7 @@ def chunksize(
     remaining: int | None = None,
     *,
     in_process: bool = False,
+    measuring: bool = False,
 ) -> int:
     """Return items per chunk for a measured per-item time.
 
@@ -235,12 +250,14 @@ def chunksize(
             unknown (a generator).
         in_process: the workers are threads of this process (see
             :func:`chunk_target_s`).
+        measuring: the chunks' figures still decide the map's route (see
+            :func:`chunk_target_s`).
 
     Returns:
         An int in ``[1, MAX_CHUNK_ITEMS]``.
     """
     per_item_s = max(per_item_s, 1e-9)
-    size = chunk_target_s(overhead_s, in_process=in_process) / per_item_s
+    size = chunk_target_s(overhead_s, in_process=in_process, measuring=measuring) / per_item_s
     if remaining is not None:
         # Shrink the tail so workers finish together, but not below the items
         # whose work pays for one chunk's cost: tiny items gain nothing there.

@@ -13,6 +13,7 @@ from smartexec.backends.loky import LokyBackend
 from smartexec.backends.thread import ThreadBackend
 from smartexec.tuning import (
     MAX_CHUNK_ITEMS,
+    MEASURING_CHUNK_S,
     PROBE_MAX_ITEMS,
     chunk_target_s,
     chunksize,
@@ -65,6 +66,60 @@ def test_chunks_aim_at_a_multiple_of_the_backends_per_chunk_cost():
     assert chunk_target_s(LokyBackend.chunk_overhead_s) == pytest.approx(0.04)
     assert chunk_target_s(3e-3) == pytest.approx(0.06)  # a cluster: 20x its cost
     assert chunk_target_s(0.0) == pytest.approx(0.001)
+
+
+def test_chunks_whose_figures_still_decide_the_route_aim_lower():
+    # Their figures need only a telling GIL watch each; the route's own target
+    # (30 ms on fork) delays the verdict and leaves more behind on a move.
+    fork = ForkBackend.chunk_overhead_s
+    assert chunk_target_s(fork, measuring=True) == pytest.approx(MEASURING_CHUNK_S)
+    assert chunksize(0.0127, 2, fork, 300, measuring=True) == 1  # a 12.7 ms GET
+    assert chunksize(0.0127, 2, fork, 300) == 3
+    assert chunksize(0.002, 2, fork, 300, measuring=True) == 5
+    # Never above the route's own target (threads: 2 ms), nor below 20x a
+    # dear backend's per-chunk cost (a cluster).
+    assert chunk_target_s(ThreadBackend.chunk_overhead_s, in_process=True, measuring=True) == (
+        pytest.approx(0.002)
+    )
+    assert chunk_target_s(3e-3, measuring=True) == pytest.approx(0.06)
+
+
+def test_a_stream_sizes_its_chunks_for_measuring_until_the_verdict():
+    from concurrent.futures import Future
+
+    from smartexec._chunk_stream import ChunkStream
+    from smartexec._mapping import stream_values
+    from smartexec._remote import ChunkResult
+    from smartexec.tuning import Estimate
+
+    estimate = Estimate()
+    estimate.seed(0.0127, 100, 0.0)  # an earlier run's figure: 12.7 ms an item
+    verdict = []
+    sent = []
+
+    def send(calls, budget_s):
+        sent.append(len(calls))
+        future = Future()
+        future.set_result(ChunkResult([(True, c[0][0]) for c in calls], 0.0127 * len(calls), 0.0))
+        return future
+
+    stream = ChunkStream(
+        send=send,
+        calls=(((x,), {}) for x in range(300)),
+        remaining=300,
+        n_workers=2,
+        overhead_s=ForkBackend.chunk_overhead_s,
+        estimate=estimate,
+        fixed_chunksize=None,
+        buffersize=4,
+        end_time=None,
+        on_chunk_error=lambda exc, calls: exc,
+        measuring=lambda: not verdict,
+    )
+    assert sent == [1, 1, 1, 1]  # no verdict: chunks for measuring
+    verdict.append("stay")
+    assert list(stream_values([], stream, ordered=True)) == list(range(300))
+    assert max(sent[4:]) == 3  # after it: the route's own target
 
 
 def test_items_of_a_few_milliseconds_are_not_chunked_on_threads():
