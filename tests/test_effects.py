@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import heapq
+import inspect
 import os
 import random
+import sys
 import time
 
 import numpy as np
@@ -643,6 +645,15 @@ def test_a_functions_own_lines_are_read_or_else_its_whole_file(fn):
     assert nodes[0].lineno in (fn.__code__.co_firstlineno, fn.__code__.co_firstlineno + 1)
 
 
+def _ends_across_lines(x):
+    def inner(y):
+        return y
+
+    return inner(
+        x,
+    )
+
+
 def test_a_plain_function_is_found_without_parsing_its_whole_file(monkeypatch):
     from smartexec.effects import _source
 
@@ -651,3 +662,15 @@ def test_a_plain_function_is_found_without_parsing_its_whole_file(monkeypatch):
 
     monkeypatch.setattr(_source, "source_tree", no_file)
     assert _source.nodes_of(_Held.method.__wrapped__) is not None
+    if sys.version_info >= (3, 11):  # end lines kept: a last statement over several lines
+        assert _source.nodes_of(_ends_across_lines) is not None
+
+
+def test_a_functions_lines_end_at_its_last_instruction_nested_code_included():
+    from smartexec.effects import _source
+
+    code = _ends_across_lines.__code__
+    last = _source.last_line(code)
+    lines = inspect.getsourcelines(_ends_across_lines)[0]
+    expected = code.co_firstlineno + len(lines) - 1  # the closing parenthesis
+    assert last == expected if sys.version_info >= (3, 11) else expected - 1 <= last <= expected
