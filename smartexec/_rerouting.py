@@ -254,20 +254,26 @@ class Evidence:
             self.sent.append((n_items, seconds))
 
     def send_s(self, estimated: float) -> float:
-        """Seconds per item to send: the chunks' own (low median), if dearer than ``estimated``.
+        """Seconds per item to send: the warm sends' own (low median), if dearer than ``estimated``.
 
         The estimate pickles a sample into nothing and prices big buffers
         at a shared-memory write rate measured on a quiet machine; the
-        sends themselves also pay for allocating the segments' pages, and a
-        busy machine (16 MiB arrays: 5.6 ms estimated, 24-50 ms a send
-        under load). The low median leaves out the first send's pool start,
-        from two sends on: a probe's two chunks of 64 JSON documents read
-        119 us an item (the pool's start halved), 6.8 us without it, and
-        the rest of that map moved to a loop 1.6x slower than fork.
+        sends themselves also pay for allocating the segments' pages. The
+        first send to each worker is left out: it pays for the pool's start
+        and the worker's first reads. A probe's two chunks of 64 JSON
+        documents took this thread 11-14 ms and 1.0-1.2 ms, later chunks of
+        1,000 0.2-0.6 ms; priced from the first two, the rest of that map
+        moved to a loop 1.6x slower than fork.
         """
-        if not self.sent:
+        warm = self.warm_sends
+        if not warm:
             return estimated
-        return max(estimated, statistics.median_low(t / n for n, t in self.sent))
+        return max(estimated, statistics.median_low(t / n for n, t in warm))
+
+    @property
+    def warm_sends(self) -> list[tuple[int, float]]:
+        """The sends recorded after each worker's first: ``(items, seconds)`` each."""
+        return self.sent[self.n_workers :]
 
     def per_chunk_send(self, estimated: float) -> tuple[float, float] | None:
         """``(seconds per chunk, seconds per item)`` to send, when the cost is mostly per chunk; else None.
@@ -283,14 +289,15 @@ class Evidence:
         chunks, or sends pickled off the caller's thread, which cost the
         caller the same microseconds whatever they carry) None.
         """
-        if len(self.sent) < 2:
+        sent = self.warm_sends
+        if len(sent) < 2:
             return None
-        small = min(n for n, _ in self.sent)
-        large = max(n for n, _ in self.sent)
+        small = min(n for n, _ in sent)
+        large = max(n for n, _ in sent)
         if large < PER_CHUNK_MIN_RATIO * small:
             return None
-        few = statistics.median(t for n, t in self.sent if n == small)
-        many = statistics.median(t for n, t in self.sent if n * 2 >= large)
+        few = statistics.median(t for n, t in sent if n == small)
+        many = statistics.median(t for n, t in sent if n * 2 >= large)
         if few / small < 0.5 * estimated or many / large >= 0.25 * few / small:
             return None
         per_item = max(0.0, (many - few) / (large - small))

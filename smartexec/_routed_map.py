@@ -603,7 +603,12 @@ def open_stream(
                 calls = calls[:cap]
             if own:  # each call gets arguments of its own in the worker
                 calls = OwnCalls(calls)
-            start = time.perf_counter()
+            # This thread's CPU time, not the wall clock: a send that waits
+            # (for the GIL, for a core the workers hold) costs the map nothing
+            # the workers do not already pay. Timed by the wall clock, a late
+            # look at 20,000 JSON documents read 5-14 us an item to send where
+            # it costs ~1-3 us, and moved the last 4,000 to a loop.
+            start = time.thread_time()
             future = send_chunk(
                 backend,
                 target if clocked is not None and clocked() else plain,
@@ -613,7 +618,7 @@ def open_stream(
                 stats,
             )
             if on_send is not None:
-                on_send(len(calls), time.perf_counter() - start)
+                on_send(len(calls), time.thread_time() - start)
             return future
 
         def explain_error(exc: BaseException, calls: list[Call]) -> BaseException:
