@@ -160,7 +160,39 @@ class RoutedMap:
         ex._router.note(self.decision, estimate, backend.name, (started,))  # no chunksize yet
         # The profile its verdict saved is written once its results end (see
         # smartexec._profiles.save), not while its chunks run.
-        return stream_values([], self.relay, ordered, on_end=_profiles.flush)
+        return stream_values([], self.relay, ordered, on_end=self.ended)
+
+    def ended(self) -> None:
+        """The map's results ended: keep its figures if it ended before a verdict, then write the store.
+
+        A map too short for its figures to decide (48 cheap items: under
+        the :data:`~smartexec._rerouting.CHEAP_ITEMS` that settle without a
+        GIL kind, in chunks too short to watch the GIL) kept nothing, and
+        its next run started from nothing again. It keeps its time per
+        item and cost to send, with no GIL kind: the next run sizes its
+        chunks from them and measures the GIL again (a stored profile never
+        routes a callable into this process by itself).
+        """
+        evidence, ex = self.evidence, self.owner()
+        if (
+            not self.settled
+            and not evidence.stay_noted
+            and evidence.per_item
+            and ex is not None
+            and ex._options.prefer is None  # prefer= skips the measurement: nothing is learned
+        ):
+            _profiles.save(
+                self.fn,
+                _profiles.StoredProfile(
+                    self.backend.name,
+                    evidence.per_item_s,
+                    None,
+                    self.estimate.pickle_parent_s,
+                    evidence.items,
+                    time.time(),
+                ),
+            )
+        _profiles.flush()
 
     def probe(self) -> tuple[int, int] | None:
         """The first chunks before the full window: (chunks, items each), or None."""

@@ -605,3 +605,24 @@ def test_a_callable_whose_last_map_ended_on_processes_starts_there_without_a_fak
         assert decision.gil == RELEASES
     finally:
         forget(work)
+
+
+def _label(i):
+    """Cheap, not arithmetic alone (a loop here is not proven safe): it starts on fork."""
+    return "-".join(str(i))
+
+
+@pytest.mark.timeout(60)
+def test_a_map_that_ends_before_a_verdict_keeps_its_figures(profile_store):
+    # 12 cheap items: under the CHEAP_ITEMS that settle without a GIL kind,
+    # in chunks too short to watch the GIL. Such a map kept nothing, and its
+    # next run started from nothing again.
+    from smartexec import SmartExecutor
+
+    with SmartExecutor(2) as ex:
+        assert list(ex.map(_label, range(12))) == [_label(i) for i in range(12)]
+        assert [d.backend for d in ex.decisions()] == ["fork", "fork"]  # no verdict
+    new_process_view()  # read it back from the file
+    kept = profiles.load(_label)
+    assert kept is not None and kept.backend == "fork" and kept.items > 0
+    assert kept.gil is None  # no GIL kind measured: the next run measures it again
