@@ -111,7 +111,9 @@ def test_a_probe_taken_again_sends_one_item_per_worker_then_waits():
             if not future.done():
                 future.set_result(run_chunk(square, calls, False, None))
 
-    stream = on_two_workers(send, 100, Estimate(), buffersize=6, measuring=lambda: True, probe=(2, 1))
+    stream = on_two_workers(
+        send, 100, Estimate(), buffersize=6, measuring=lambda: True, probe=(2, 1)
+    )
     assert sizes == [1, 1]  # the probe: one item per worker
     chunks = stream.chunks()
     finish_all()

@@ -108,7 +108,8 @@ def test_a_blas_pool_is_capped_only_while_its_threads_run(monkeypatch, threads_r
 
 def _openblas_pthreads() -> bool:
     return any(
-        p.get("internal_api") == "openblas" and p.get("threading_layer") == "pthreads"
+        p.get("internal_api") == "openblas"
+        and p.get("threading_layer") == "pthreads"
         and p["num_threads"] > 1
         for p in threadpoolctl.threadpool_info()
     )
