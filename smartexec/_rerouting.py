@@ -259,16 +259,20 @@ class Evidence:
         The estimate pickles a sample into nothing and prices big buffers
         at a shared-memory write rate measured on a quiet machine; the
         sends themselves also pay for allocating the segments' pages. The
-        first send to each worker is left out: it pays for the pool's start
-        and the worker's first reads. A probe's two chunks of 64 JSON
-        documents took this thread 11-14 ms and 1.0-1.2 ms, later chunks of
-        1,000 0.2-0.6 ms; priced from the first two, the rest of that map
-        moved to a loop 1.6x slower than fork.
+        first send to each worker pays for the pool's start and the worker's
+        first reads (a probe's two chunks of 64 JSON documents took this
+        thread 11-14 ms and 1.0-1.2 ms, later chunks of 1,000 0.2-0.6 ms):
+        once a later send is in, only those count. Until then the first
+        ones bound the cost from above (their low median: the pool's start
+        is left out from two sends on), which errs toward a loop for items
+        that cost less than sending them (30,000 numpy calls of 4 us: 128
+        items on fork, then a loop; priced from the pickling estimate
+        instead, 12,000-17,000 went to fork first, 1.3x slower).
         """
-        warm = self.warm_sends
-        if not warm:
+        sends = self.warm_sends or self.sent
+        if not sends:
             return estimated
-        return max(estimated, statistics.median_low(t / n for n, t in warm))
+        return max(estimated, statistics.median_low(t / n for n, t in sends))
 
     @property
     def warm_sends(self) -> list[tuple[int, float]]:
