@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any
 
+from . import _threads
+
 __all__ = [
     "THREAD_VARIABLES",
     "threads_per_worker",
@@ -51,26 +53,6 @@ THREAD_VARIABLES = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
-
-
-def _pool_threads_run() -> bool:
-    """Whether threads Python does not know run in this process (a BLAS or OpenMP pool's).
-
-    The system's count of this process's threads (``/proc/self/stat``)
-    against :func:`threading.active_count`: ~5 us. A Python thread that has
-    just ended may still be counted; that errs toward capping, as before.
-    True where ``/proc`` cannot be read (not Linux): cap as if they ran.
-    """
-    try:
-        fd = os.open("/proc/self/stat", os.O_RDONLY)
-        try:
-            text = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        threads = int(text[text.rindex(b")") + 2 :].split()[17])
-    except (OSError, ValueError, IndexError):
-        return True
-    return threads > threading.active_count()
 
 
 def threads_per_worker(cpu_count: int, n_workers: int) -> int:
@@ -202,9 +184,11 @@ class ThreadCap:
         """Set the cap for the chunks running now, one of them just counted in :attr:`tokens`."""
         if len(self.tokens) > 1 or self.saved is not None:
             cpus = max(1, cpus)
-            if self.saved is None and _controller is None:
-                if self._building or not _pool_threads_run() or not self._build():
-                    return  # another thread builds the table, or no pool runs: uncapped
+            if self.saved is None:
+                if not _threads.native_threads_run():
+                    return  # no pool runs: a count set now would start a stopped one
+                if _controller is None and (self._building or not self._build()):
+                    return  # another thread builds the table: uncapped meanwhile
             if self.saved is None or cpus != self._cpus or self._cap_now(cpus) != self._applied:
                 with self._lock:
                     self._cpus = cpus
@@ -227,7 +211,7 @@ class ThreadCap:
             "numpy" in sys.modules
             and _controller is None
             and not self._building
-            and _pool_threads_run()
+            and _threads.native_threads_run()
         ):
             self._build()
 
@@ -282,8 +266,8 @@ class ThreadCap:
                 controller = controller_for_fork()
             except Exception:  # pragma: no cover - threadpoolctl missing or broken
                 return
-            if controller is None or not _pool_threads_run():
-                return  # nothing to cap: a count set now would start a stopped pool
+            if controller is None:
+                return  # nothing to cap (entered saw the pool's threads run)
             self.saved = [(pool, pool.num_threads) for pool in controller.lib_controllers]
         active = self._active  # read once: the tokens change without the lock
         if active <= 0:

@@ -56,6 +56,7 @@ __all__ = [
     "forget_inherited_pools",
     "fork_warning_checked",
     "foreign_thread_ids",
+    "native_threads_run",
     "is_ours",
     "mark_ours",
     "own_thread",
@@ -136,6 +137,38 @@ def foreign_thread_ids() -> list[int]:
     except OSError:
         return []
     return [int(name) for name in names if name.isdigit() and int(name) not in known]
+
+
+def native_threads_run(settle_s: float = 0.0) -> bool:
+    """Whether threads Python does not know run in this process (a BLAS or OpenMP pool's).
+
+    The system's count of this process's threads (``/proc/self/stat``, ~5
+    us) against :func:`threading.active_count`. A Python thread that has
+    just ended may still be counted for a moment: with ``settle_s`` > 0
+    (seconds), a count over Python's is read again after that long, and
+    both must be over (a fork worker, right after its GIL watch's thread
+    was joined). True where ``/proc`` cannot be read (not Linux): a caller
+    that caps a pool caps it as if it ran.
+    """
+    if not _more_threads_than_python():
+        return False
+    if settle_s > 0:
+        time.sleep(settle_s)
+        return _more_threads_than_python()
+    return True
+
+
+def _more_threads_than_python() -> bool:
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY)
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        threads = int(text[text.rindex(b")") + 2 :].split()[17])
+    except (OSError, ValueError, IndexError):
+        return True
+    return threads > threading.active_count()
 
 
 @contextlib.contextmanager

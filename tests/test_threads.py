@@ -439,6 +439,24 @@ FOREIGN = """
     print(len(foreign_thread_ids()) if blas > 1 else "one thread")
 """
 
+NATIVE_RUN = """
+    import threading
+    from smartexec._threads import native_threads_run
+
+    before = native_threads_run(settle_s=0.001)
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()  # Python forgets it before the system ends it
+    after_join = native_threads_run(settle_s=0.01)
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    a = np.ones((400, 400))
+    (a @ a).sum()
+    blas = max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1)
+    print(before, after_join, native_threads_run() if blas > 1 else "one thread")
+"""
+
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
 def test_foreign_thread_ids_are_the_threads_python_does_not_know():
@@ -459,3 +477,13 @@ def test_foreign_thread_ids_are_the_threads_python_does_not_know():
     if out == "one thread":
         pytest.skip("BLAS runs one thread here: it starts none")
     assert int(out) >= 1, out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
+def test_native_threads_run_counts_only_threads_python_does_not_know():
+    result = _children.run_python(NATIVE_RUN, timeout=60)
+    assert result.returncode == 0, result.stderr
+    before, after_join, blas = result.stdout.split()
+    assert (before, after_join) == ("False", "False")
+    if blas != "one":
+        assert blas == "True"  # OpenBLAS's pool runs its threads

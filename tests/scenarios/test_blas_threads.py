@@ -86,7 +86,7 @@ def test_a_blas_pool_is_capped_only_while_its_threads_run(monkeypatch, threads_r
     # After a fork, OpenBLAS's threads are stopped in the forking process,
     # and setting its count starts them again (each spins on a core for
     # ~100 ms): a map moved from fork to threads lost one of two cores.
-    from smartexec import _blas
+    from smartexec import _blas, _threads
 
     pool = _FakePool(2)
 
@@ -95,7 +95,7 @@ def test_a_blas_pool_is_capped_only_while_its_threads_run(monkeypatch, threads_r
 
     monkeypatch.setattr(_blas, "_controller", (0, 0, Table()))
     monkeypatch.setattr(_blas, "controller_for_fork", lambda: Table())
-    monkeypatch.setattr(_blas, "_pool_threads_run", lambda: threads_run)
+    monkeypatch.setattr(_threads, "native_threads_run", lambda: threads_run)
     monkeypatch.setitem(sys.modules, "numpy", np)
     cap = _blas.ThreadCap()
     cap.enter(2)
@@ -159,7 +159,7 @@ def test_chunks_do_not_wait_while_another_thread_builds_the_blas_table(monkeypat
     # Importing threadpoolctl and scanning the libraries takes ~5 ms (20 ms
     # under load); built under the cap's lock, every pool thread's chunk
     # waited for it. A chunk that starts meanwhile runs uncapped.
-    from smartexec import _blas
+    from smartexec import _blas, _threads
 
     built = threading.Event()
     release = threading.Event()
@@ -172,7 +172,7 @@ def test_chunks_do_not_wait_while_another_thread_builds_the_blas_table(monkeypat
 
     monkeypatch.setattr(_blas, "_controller", None)
     monkeypatch.setattr(_blas, "controller_for_fork", slow_build)
-    monkeypatch.setattr(_blas, "_pool_threads_run", lambda: True)
+    monkeypatch.setattr(_threads, "native_threads_run", lambda: True)
     cap = _blas.ThreadCap()
     cap.enter(2)  # one chunk runs: nothing to cap yet
     builder = threading.Thread(target=cap.enter, args=(2,))  # the second: it builds

@@ -67,7 +67,7 @@ def _worker_main(
     or from the parent that forked it, which limited its own pools for the
     fork. Or, with ``blas_cap``, it caps them itself at that many threads,
     after the first chunk during which a thread pool of a native library
-    started (see :func:`_native_threads_run`): capping OpenBLAS after a fork
+    started (see :func:`smartexec._threads.native_threads_run`): capping OpenBLAS after a fork
     starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
     never calls it never caps it. A worker forked directly when this
     process had no table (no numpy loaded, see :func:`_blas_table`) is
@@ -119,7 +119,7 @@ def _worker_main(
             conn.send_bytes(payload)
         except OSError:
             return
-        if blas_cap is not None and _native_threads_run():
+        if blas_cap is not None and _threads.native_threads_run(settle_s=0.001):
             cap_in_this_process(blas_cap)  # their pool runs: no new threads start
             blas_cap = None
 
@@ -144,20 +144,6 @@ def _initialized(
                 ctl.send(b"I%d " % os.getpid() + text)
         return False
     return True
-
-
-def _native_threads_run() -> bool:
-    """Whether threads that Python does not know (a BLAS or OpenMP pool's) run in this process.
-
-    ~5 us when none does. Otherwise read again 1 ms later, and only the
-    threads listed both times count: a thread Python has just joined (the
-    GIL watch's, after a chunk) may still be listed the first time.
-    """
-    first = _threads.foreign_thread_ids()
-    if not first:
-        return False
-    time.sleep(0.001)
-    return bool(set(first) & set(_threads.foreign_thread_ids()))
 
 
 def _blas_table() -> Any | None:
