@@ -181,18 +181,21 @@ class RoutedMap:
             and ex is not None
             and ex._options.prefer is None  # prefer= skips the measurement: nothing is learned
         ):
-            _profiles.save(
-                self.fn,
-                _profiles.StoredProfile(
-                    self.backend.name,
-                    evidence.per_item_s,
-                    None,
-                    self.estimate.pickle_parent_s,
-                    evidence.items,
-                    time.time(),
-                ),
-            )
+            self._keep(self.backend.name, None)
         _profiles.flush()
+
+    def _keep(self, where: str, gil: GilProfile | None) -> None:
+        """Save this map's figures to the profile store: ran ``where``, with the GIL use ``gil``."""
+        evidence = self.evidence
+        profile = _profiles.StoredProfile(
+            where,
+            evidence.per_item_s,
+            gil,
+            self.estimate.pickle_parent_s,
+            evidence.items,
+            time.time(),
+        )
+        _profiles.save(self.fn, profile)
 
     def probe(self) -> tuple[int, int] | None:
         """The first chunks before the full window: (chunks, items each), or None."""
@@ -565,22 +568,10 @@ class RoutedMap:
         reworded: bool,
     ) -> None:
         """Keep the figures (the GIL use, the store's profile) and route the next maps."""
-        evidence, estimate = self.evidence, self.estimate
         if ex._options.prefer is None:  # prefer= skips the measurement: nothing is learned
             if gil is not None:
                 remember(self.fn, gil)
-            where = "inline" if verdict.target == "inline" else ended.backend
-            _profiles.save(
-                self.fn,
-                _profiles.StoredProfile(
-                    where,
-                    evidence.per_item_s,
-                    gil,
-                    estimate.pickle_parent_s,
-                    evidence.items,
-                    time.time(),
-                ),
-            )
+            self._keep("inline" if verdict.target == "inline" else ended.backend, gil)
         if reworded:
             ex._route_next(self.fn, ended, verdict.reason)
 
