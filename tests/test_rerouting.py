@@ -78,7 +78,8 @@ def test_predictions():
     common = {"per_item_s": 0.01, "send_s": 0.0, "rest": 100, "cpus": 2}
     assert predict_s("inline", kind="holds", workers=1, **common) == pytest.approx(1.0)
     assert predict_s("thread", kind="holds", workers=6, **common) == pytest.approx(1.5)  # turns
-    assert predict_s("thread", kind="waits", workers=6, **common) == pytest.approx(1 / 6)
+    # in waves: 100 waiting items on 6 threads take 17 items' time, not 100/6
+    assert predict_s("thread", kind="waits", workers=6, **common) == pytest.approx(0.17)
     assert predict_s("thread", kind="releases", workers=6, **common) == pytest.approx(0.5)
     assert predict_s("fork", kind="holds", workers=2, **common) == pytest.approx(0.5, rel=1e-3)
     # the parent's sending bounds a process route ...
@@ -97,6 +98,16 @@ def test_predictions():
     )
     # an item that keeps both cores busy leaves room for one at a time
     assert predict_s("thread", kind="releases", workers=6, cores=2.0, **common) == 1.0
+
+
+def test_a_rest_takes_no_less_than_one_item_on_any_pool():
+    # 7 sleeps of 10 ms left on a pool grown to 100 threads: one item's
+    # time (explain() predicted 0.7 ms: the sum over the width)
+    few = {"per_item_s": 0.01, "send_s": 0.0, "rest": 7, "cpus": 2}
+    assert predict_s("thread", kind="waits", workers=100, **few) == pytest.approx(0.01)
+    assert predict_s("thread", kind="releases", workers=6, **few) == pytest.approx(0.04)
+    assert predict_s("fork", kind="holds", workers=2, **few) == pytest.approx(0.04, rel=1e-3)
+    assert predict_s("thread", kind="waits", workers=100, **dict(few, rest=0)) == 0.0
 
 
 def test_waiting_work_moves_from_processes_to_threads():
