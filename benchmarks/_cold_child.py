@@ -185,7 +185,9 @@ def _time_notes() -> None:
 
     real = _router.Router.note
 
-    def note(self: Any, decision: Any, estimate: Any, backend: str, reasons: Any, *a: Any, **k: Any) -> Any:
+    def note(
+        self: Any, decision: Any, estimate: Any, backend: str, reasons: Any, *a: Any, **k: Any
+    ) -> Any:
         now = time.perf_counter()
         for reason in reasons:
             _NOTED[reason] = now
@@ -194,7 +196,9 @@ def _time_notes() -> None:
     _router.Router.note = note  # type: ignore[method-assign]
 
 
-_PREDICTED = re.compile(r"predicted for the (\d+) items (?:left|not sent yet): (.*?) -> ")
+_PREDICTED = re.compile(
+    r"predicted for the (next )?(\d+) items (?:left|not sent yet|\(the input's [^)]*\)): (.*?) -> "
+)
 
 
 def _prediction(decisions: Any) -> dict[str, Any] | None:
@@ -212,14 +216,17 @@ def _prediction(decisions: Any) -> dict[str, Any] | None:
                 continue
             figures = dict(
                 (route, float(value))
-                for route, value in re.findall(r"(\w+) ([\d.]+) s", found.group(2))
+                for route, value in re.findall(r"(\w+) ([\d.]+) s", found.group(3))
             )
             route = decision.backend
             if "moves to inline" in reason:
                 route = "inline"
             if route in figures:
-                out = {"left": int(found.group(1)), "route": route, "seconds": figures[route]}
-                if reason in _NOTED and "results in" in _NOTED:
+                out = {"left": int(found.group(2)), "route": route, "seconds": figures[route]}
+                out["next"] = bool(found.group(1))
+                # "the next N items" of an input of unknown length: the time
+                # to its end is no measure of that prediction.
+                if not found.group(1) and reason in _NOTED and "results in" in _NOTED:
                     out["took"] = _NOTED["results in"] - _NOTED[reason]
                 return out
     return None

@@ -391,8 +391,9 @@ def prediction_note(workload: cw.Workload, runs: list[Run]) -> str | None:
             f"{sorted(rests)[len(rests) // 2]:.2f}x)"
         )
     return (
-        f"{workload.name}: explain() predicted {seconds(predicted['seconds'])} s for the "
-        f"{predicted['left']} items left on {predicted['route']}{rest}. Whole map ~"
+        f"{workload.name}: explain() predicted {seconds(predicted['seconds'])} s for the"
+        f"{' next' if predicted.get('next') else ''} {predicted['left']} items"
+        f"{'' if predicted.get('next') else ' left'} on {predicted['route']}{rest}. Whole map ~"
         f"{seconds(projected)} s; the run took {seconds(measured)} s: off by "
         f"{_off_by(projected, measured):.2f}x"
     )

@@ -676,7 +676,12 @@ def reroute(
         figures += f" (on the GIL use measured before: {priced})"
     known = _known_predictions(evidence, current, predicted)
     best = min(known, key=lambda route: (known[route], route != current))
-    what = f"{evidence.describe()}; predicted for the {left} items not sent yet: {figures}"
+    items = (
+        f"the {left} items not sent yet"
+        if rest is not None
+        else f"the next {left} items (the input's length is unknown: as many as measured)"
+    )
+    what = f"{evidence.describe()}; predicted for {items}: {figures}"
     if best == current:
         return Reroute(
             None, predicted, f"{what} -> stays on {current} ({_why_stay(kind, current, known)})"

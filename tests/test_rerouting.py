@@ -268,6 +268,9 @@ def test_an_unknown_length_counts_only_what_was_seen():
         cpus=2,
     )
     assert move.target is None  # 2 items seen: no move pays for itself on 2 items
+    # and explain() says what it predicted for: not "items not sent yet"
+    assert "the next 2 items (the input's length is unknown" in move.reason
+    assert "not sent yet" not in move.reason
 
 
 def test_the_remembered_profile_is_the_agreed_kind():
