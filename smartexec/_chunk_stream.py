@@ -345,8 +345,9 @@ class ChunkStream:
             # new threads fed.
             self._workers, self._buffersize = workers, default_buffersize(workers)
         while not self._exhausted and len(self._window) < self._buffersize + extra:
-            if self._remaining is not None and self._remaining <= 0:
-                # More items than its __len__ said: its length is unknown from
+            past_its_length = self._remaining is not None and self._remaining <= 0
+            if past_its_length:
+                # More items than its __len__ said? Its length is unknown from
                 # here (sized tail rules would send one-item chunks forever).
                 self._remaining = None
             size, budget = self._next_size()
@@ -366,6 +367,8 @@ class ChunkStream:
                 self._exhausted = True
             elif not chunk:
                 self._exhausted = True
+                if past_its_length:
+                    self._remaining = 0  # its length was right: nothing is left
                 return
             elif len(chunk) < size and self._remaining is not None:
                 self._exhausted = True

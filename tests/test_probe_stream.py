@@ -66,6 +66,29 @@ def test_every_item_comes_after_the_probe(ordered, buffersize):
     assert sum(stream.sizes) == n
 
 
+@pytest.mark.parametrize(("length", "n", "left"), [(300, 300, 0), (200, 300, None)])
+def test_a_sized_input_read_to_its_end_has_nothing_left(length, n, left):
+    # A list read to its end had an unknown length (None) left, and the last
+    # look at a map priced "the next N items" where none was left to send.
+    estimate = Estimate()
+    with ThreadPoolExecutor(2) as pool:
+        stream = ChunkStream(
+            send=lambda calls, budget_s: pool.submit(run_chunk, square, calls, False, budget_s),
+            calls=(((x,), {}) for x in range(n)),
+            remaining=length,  # its __len__ (a wrong one in the second case)
+            n_workers=2,
+            overhead_s=20e-6,
+            estimate=estimate,
+            fixed_chunksize=None,
+            end_time=None,
+            on_chunk_error=lambda exc, calls: exc,
+            buffersize=4,
+        )
+        got = list(stream_values([], stream, ordered=True))
+    assert got == [x * x for x in range(n)]
+    assert stream.input_read and stream.remaining == left
+
+
 def test_what_a_shutdown_sends_unwaited_goes_with_no_time_budget():
     # shutdown(wait=False) sends the rest of a map, and nobody may read it
     # again to send the rest of a chunk stopped at its budget: no budget.
