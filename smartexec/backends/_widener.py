@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .._threads import own_thread
 from ..tuning import MAX_WAITING_THREADS, threads_for_waiting
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ class _Widener:
     """Grows a pool whose threads wait while calls queue for them (:func:`~smartexec.tuning.threads_for_waiting`).
 
     A pool thread that ends a call or chunk looks, at most every
-    :data:`WIDEN_EVERY_S`, at the calls queued beyond the pool's width;
+    :data:`WIDEN_EVERY_S` (and, after a first reading taken as calls
+    queue, a thread of smartexec's once: :meth:`look_soon`), at the calls
+    queued beyond the pool's width;
     while some are, it reads how many threads were busy and how many cores
     they were runnable for since its last look (the backend's
     :meth:`~ThreadBackend.threads_busy_s` and
@@ -85,6 +88,23 @@ class _Widener:
     def unmeasured(self) -> bool:
         """Whether no reading of the pool's clocks is kept (nothing queued at the last look)."""
         return self._last is None
+
+    def look_soon(self) -> None:
+        """Look again :data:`WIDEN_EVERY_S` from now, from a thread of smartexec's own.
+
+        After a first reading taken as calls queue: the pool threads look
+        when a call ends, and calls that wait end late (100 sleeps of 10
+        ms: the pool grew at 10 ms, its queued calls waiting meanwhile).
+        """
+
+        def look() -> None:
+            time.sleep(WIDEN_EVERY_S)
+            self.check(time.perf_counter())
+
+        try:
+            own_thread(look, "smartexec-widener").start()
+        except RuntimeError:  # no new thread at interpreter shutdown
+            pass
 
     def check(self, now: float) -> None:
         """Look at the pool (at most one thread at a time; the others go on)."""

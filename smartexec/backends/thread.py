@@ -413,7 +413,8 @@ class ThreadBackend(Backend):
     def _queued(self) -> None:
         """Let the widener take its first reading as soon as chunks queue, not at a call's end.
 
-        Its next look, at the first call's end, can then widen the pool.
+        Its next look, :data:`~smartexec.backends._widener.WIDEN_EVERY_S`
+        later (see :meth:`_Widener.look_soon`), can then widen the pool.
         """
         widener, pool = self._widener, self._pool
         queue = getattr(pool, "_work_queue", None)
@@ -421,7 +422,10 @@ class ThreadBackend(Backend):
             return  # nothing waits for a thread
         now = time.perf_counter()
         if widener.unmeasured or now >= widener.due:
+            first = widener.unmeasured
             widener.check(now)
+            if first and not widener.unmeasured:
+                widener.look_soon()
 
     def submit_call(
         self,

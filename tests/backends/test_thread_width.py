@@ -167,6 +167,40 @@ def test_the_widener_takes_its_first_reading_as_chunks_queue(chunks, measured):
         backend.shutdown()
 
 
+def test_the_widener_looks_again_before_any_call_ends(monkeypatch):
+    # Calls that wait long end late: the pool's threads look only when one
+    # ends (100 sleeps of 10 ms: the pool grew at 10 ms). After the first
+    # reading, a thread of smartexec's looks again WIDEN_EVERY_S later.
+    from smartexec.backends import _widener
+
+    monkeypatch.setattr(_widener, "WIDEN_EVERY_S", 0.2)  # the figures are set meanwhile
+    backend = ThreadBackend(None, 2)
+    start = time.perf_counter()
+
+    def since() -> float:
+        return time.perf_counter() - start
+
+    monkeypatch.setattr(backend, "threads_busy_s", lambda: 6 * since())  # six threads busy
+    monkeypatch.setattr(
+        backend, "threads_wanted_s", lambda: 0.01 * since()
+    )  # a hundredth of a core
+    monkeypatch.setattr(backend, "threads_done", lambda: (0.0, 0))  # no call ended
+    backend._widener.process_cpu = lambda: 0.01 * since()
+    release = threading.Event()
+    futures = [backend.submit_chunk(release.wait, [((30,), {})]) for _ in range(20)]
+    try:
+        assert not backend._widener.unmeasured  # the first reading, as chunks queued
+        deadline = time.monotonic() + 20
+        while backend.max_workers == 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.max_workers == threads_for_waiting(6, 0.01, backend._widener.limit)
+        assert len(backend._pool._threads) > 6  # while every call still waits
+    finally:
+        release.set()
+        assert all(f.result(timeout=30).outcomes for f in futures)
+        backend.shutdown()
+
+
 def test_a_stale_look_is_only_a_baseline(monkeypatch):
     backend = ThreadBackend(None, 2)
     figures = _Figures(backend, monkeypatch)
