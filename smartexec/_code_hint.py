@@ -4,7 +4,7 @@ Two readings of the bytecode, for callables not measured yet:
 
 * :func:`code_hint`: straight-line code (no loop, no branch) that calls a
   function known to release the GIL (``time.sleep``, hashlib, zlib,
-  numpy), and no Python helper of its own, most likely spends its time in
+  ``urllib.request.urlopen``, numpy), and no Python helper of its own, most likely spends its time in
   that call: ``def fetch(i): time.sleep(0.01)``, ``def total(a): return
   np.einsum("i,i->", a, a)``. The policy starts such a callable's first map
   on threads, where its first chunks measure the GIL and move the rest to
@@ -18,8 +18,9 @@ Two readings of the bytecode, for callables not measured yet:
 Only names the code loads as globals or from its closure's cells (and
 attributes of modules reached through them) are resolved, by dictionary
 lookups: nothing is imported, called, or looked up through ``__getattr__``.
-A jump (a loop, or a branch: ``if retry: time.sleep(1)`` beside the real
-work), nested code (a comprehension before Python 3.12, an inner
+A jump on the main path (a loop, or a branch: ``if retry: time.sleep(1)``
+beside the real work; not the code a ``with`` block or an ``except`` clause
+runs on an error, which follows the return), nested code (a comprehension before Python 3.12, an inner
 function), a generator or coroutine, or code over :data:`MAX_CODE_BYTES`
 give no hint: their time may go anywhere.
 
@@ -52,6 +53,15 @@ MAX_CODE_BYTES = 2048
 _NOT_FOUND = object()
 
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
+
+#: Instructions that set up an exception handler (Python 3.10): the main
+#: path goes on past them; the handler's code follows the function's return.
+_HANDLER_SETUPS = frozenset({"SETUP_WITH", "SETUP_FINALLY", "SETUP_ASYNC_WITH"})
+
+#: After the first return of straight-line code, only exception handlers
+#: follow (a ``with`` block's exit on an error, an ``except`` clause); the
+#: code an unconditional forward jump passes over is one too.
+_RETURNS = frozenset({"RETURN_VALUE", "RETURN_CONST"})
 
 _NOT_PLAIN = (
     inspect.CO_GENERATOR
@@ -129,7 +139,19 @@ def code_hint(fn: Any) -> str | None:
         instructions = list(dis.get_instructions(code))
     except Exception:  # noqa: BLE001 - odd code objects give no hint
         return None
+    resume_at = -1  # an unconditional jump's target: the code before it runs only on an error
     for ins in instructions:
+        if ins.offset < resume_at:
+            continue
+        if ins.opname in _RETURNS:
+            break  # the rest runs only on an error: a with block's exit, an except
+        if ins.opname in _HANDLER_SETUPS:
+            continue  # not a branch: the main path goes on
+        if ins.opname == "JUMP_FORWARD" and isinstance(ins.argval, int):
+            # Over a handler (no conditional jump came before it): the main
+            # path goes on at its target.
+            resume_at = ins.argval
+            continue
         if ins.opcode in _JUMPS or ins.opname == "FOR_ITER":
             # A loop (its time may go anywhere), or a branch: the call may be
             # the rare path (a retry's back-off sleep beside the real work).

@@ -77,6 +77,7 @@ _GIL_RELEASING_FUNCTIONS = {
     ("posix", "write"): "os.write waits for I/O without the GIL",
     ("subprocess", "run"): "subprocess.run waits for a child process without the GIL",
     ("subprocess", "check_output"): "subprocess.check_output waits without the GIL",
+    ("urllib.request", "urlopen"): "urllib.request.urlopen waits for the network without the GIL",
 }
 
 #: The kinds :func:`inspect_callable` reports.

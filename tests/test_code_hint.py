@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import types
+import urllib.request
 import zlib
 from time import sleep
 
@@ -37,6 +38,39 @@ def digests(data):
 
 def compresses(data):
     return zlib.compress(data)
+
+
+def fetches(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return len(response.read())
+
+
+def waits_in_a_with_block(path):
+    with open(path) as f:
+        time.sleep(0.01)
+        return f.name
+
+
+def waits_then_returns(path):
+    with open(path) as f:
+        time.sleep(0.01)
+    return f.name
+
+
+def waits_after_a_try(x):
+    try:
+        y = abs(x)
+    except TypeError:
+        y = 0
+    time.sleep(0.01)
+    return y
+
+
+def sleeps_on_error(x):
+    try:
+        return arithmetic(x)
+    except ValueError:
+        time.sleep(1)  # a back-off on the rare path
 
 
 def sleeps_sometimes(x):
@@ -119,6 +153,10 @@ def unknown_global(i):
         (digests, "hashlib.sha256"),
         (compresses, "zlib.compress"),
         (lambda i: time.sleep(i), "time.sleep"),
+        (fetches, "urllib.request.urlopen"),
+        (waits_in_a_with_block, "time.sleep"),
+        (waits_then_returns, "time.sleep"),
+        (waits_after_a_try, "time.sleep"),
     ],
 )
 def test_loop_free_code_that_calls_a_gil_releasing_function_gets_a_hint(fn, names):
@@ -150,6 +188,7 @@ def test_numpy_calls_give_a_hint_and_numpy_types_do_not():
         arithmetic,
         scalar_math,
         sleeps_sometimes,
+        sleeps_on_error,
     ],
 )
 def test_loops_branches_nested_code_and_plain_work_give_no_hint(fn):
