@@ -80,6 +80,30 @@ _GIL_RELEASING_FUNCTIONS = {
     ("urllib.request", "urlopen"): "urllib.request.urlopen waits for the network without the GIL",
 }
 
+#: Calls of :data:`_GIL_RELEASING_FUNCTIONS` and modules that wait (a sleep,
+#: I/O, the network, a child process), whatever their arguments; the others
+#: release the GIL only on big enough data (hashlib over 2 KiB).
+_WAITING_CALLS = frozenset(
+    {
+        ("time", "sleep"),
+        ("posix", "read"),
+        ("posix", "write"),
+        ("subprocess", "run"),
+        ("subprocess", "check_output"),
+        ("urllib.request", "urlopen"),
+    }
+)
+_WAITING_MODULES = frozenset({"select"})
+
+
+def waits_when_called(fn: Any) -> bool:
+    """Whether calling ``fn`` waits without the GIL whatever its arguments (a dictionary lookup)."""
+    module_name = attribute(fn, "__module__")
+    return (module_name, attribute(fn, "__name__")) in _WAITING_CALLS or (
+        module_name in _WAITING_MODULES
+    )
+
+
 #: The kinds :func:`inspect_callable` reports.
 KINDS = (
     "function",  # importable module-level function

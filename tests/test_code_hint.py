@@ -66,6 +66,11 @@ def waits_after_a_try(x):
     return y
 
 
+def hashes_a_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def sleeps_on_error(x):
     try:
         return arithmetic(x)
@@ -189,6 +194,7 @@ def test_numpy_calls_give_a_hint_and_numpy_types_do_not():
         scalar_math,
         sleeps_sometimes,
         sleeps_on_error,
+        hashes_a_file,  # in a with block only a waiting call hints: small files hold the GIL
     ],
 )
 def test_loops_branches_nested_code_and_plain_work_give_no_hint(fn):
