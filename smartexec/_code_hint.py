@@ -4,8 +4,8 @@ Two readings of the bytecode, for callables not measured yet:
 
 * :func:`code_hint`: straight-line code (no loop, no branch) that calls a
   function known to release the GIL (``time.sleep``, hashlib, zlib,
-  ``urllib.request.urlopen``, numpy), and no Python helper of its own, most likely spends its time in
-  that call: ``def fetch(i): time.sleep(0.01)``, ``def total(a): return
+  ``urllib.request.urlopen``, numpy), and no Python helper of its own,
+  most likely spends its time in that call: ``def fetch(i): time.sleep(0.01)``, ``def total(a): return
   np.einsum("i,i->", a, a)``. The policy starts such a callable's first map
   on threads, where its first chunks measure the GIL and move the rest to
   processes if they find it held (:mod:`smartexec.policy`). A measurement
@@ -21,8 +21,8 @@ lookups: nothing is imported, called, or looked up through ``__getattr__``.
 A jump on the main path (a loop, or a branch: ``if retry: time.sleep(1)``
 beside the real work; not the code a ``with`` block or an ``except`` clause
 runs on an error, which follows the return; there, only a call that waits
-whatever its arguments gives a hint), nested code (a comprehension before Python 3.12, an inner
-function), a generator or coroutine, or code over :data:`MAX_CODE_BYTES`
+whatever its arguments gives a hint), nested code (a comprehension before
+Python 3.12, an inner function), a generator or coroutine, or code over :data:`MAX_CODE_BYTES`
 give no hint: their time may go anywhere.
 
 These readings say where the time goes, never whether threads are safe:
@@ -114,6 +114,8 @@ def code_hint(fn: Any) -> str | None:
         of its globals); no call of a known GIL-releasing function; or code
         over :data:`MAX_CODE_BYTES`. Never raises.
     """
+    from .inspection import _waits_when_called as waits_when_called
+
     code = getattr(fn, "__code__", None)
     if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
         return None
@@ -141,7 +143,11 @@ def code_hint(fn: Any) -> str | None:
     except Exception:  # noqa: BLE001 - odd code objects give no hint
         return None
     # A with block or a try (the exception table; a handler's set-up on 3.10):
-    # only a call that waits gives a hint there (see _guarded_hint).
+    # only a call that waits whatever its arguments gives a hint there. A
+    # block that opens a file to hash it spends its time in Python for small
+    # files: 7,733 standard-library files (36 us an item) started on threads
+    # by the hashlib hint were measured holding the GIL, and the detour to
+    # processes took the map from 0.19 s to 0.3 s.
     guarded = bool(getattr(code, "co_exceptiontable", b"")) or any(
         ins.opname in _HANDLER_SETUPS for ins in instructions
     )
@@ -191,23 +197,9 @@ def code_hint(fn: Any) -> str | None:
             # its time may go anywhere (``python_loop(n) + np.sort(a)[0]``
             # holds the GIL half the time).
             return None
-        if found is None and hint is not None and (not guarded or _waits(current)):
+        if found is None and hint is not None and (not guarded or waits_when_called(current)):
             found = f"its code calls {dotted}, with no loop or branch ({hint})"
     return found
-
-
-def _waits(obj: Any) -> bool:
-    """Whether calling ``obj`` waits whatever its arguments: a hint that holds in a with block or a try.
-
-    A block that opens a file to hash it spends its time in Python for
-    small files: 7,733 standard-library files (36 us an item) started on
-    threads by the hashlib hint were measured holding the GIL, and the
-    detour to processes took the map from 0.19 s to 0.3 s. A block around
-    a wait (``urllib.request.urlopen``) waits.
-    """
-    from .inspection import waits_when_called
-
-    return waits_when_called(obj)
 
 
 def _plain_c(obj: Any) -> bool:

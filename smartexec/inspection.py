@@ -80,26 +80,25 @@ _GIL_RELEASING_FUNCTIONS = {
     ("urllib.request", "urlopen"): "urllib.request.urlopen waits for the network without the GIL",
 }
 
-#: Calls of :data:`_GIL_RELEASING_FUNCTIONS` and modules that wait (a sleep,
-#: I/O, the network, a child process), whatever their arguments; the others
-#: release the GIL only on big enough data (hashlib over 2 KiB).
-_WAITING_CALLS = frozenset(
-    {
-        ("time", "sleep"),
-        ("posix", "read"),
-        ("posix", "write"),
-        ("subprocess", "run"),
-        ("subprocess", "check_output"),
-        ("urllib.request", "urlopen"),
-    }
-)
+#: Of :data:`_GIL_RELEASING_MODULES`, those whose calls wait (for I/O)
+#: whatever their arguments; every call of :data:`_GIL_RELEASING_FUNCTIONS`
+#: waits (a sleep, I/O, the network, a child process). The others release
+#: the GIL only on big enough data (hashlib over 2 KiB).
 _WAITING_MODULES = frozenset({"select"})
 
 
-def waits_when_called(fn: Any) -> bool:
-    """Whether calling ``fn`` waits without the GIL whatever its arguments (a dictionary lookup)."""
+def _waits_when_called(fn: Any) -> bool:
+    """Whether calling ``fn`` waits without the GIL whatever its arguments.
+
+    Args:
+        fn: any object (read by dictionary lookups, never called).
+
+    Returns:
+        True for the functions of :data:`_GIL_RELEASING_FUNCTIONS` and the
+        modules of :data:`_WAITING_MODULES`. Never raises.
+    """
     module_name = attribute(fn, "__module__")
-    return (module_name, attribute(fn, "__name__")) in _WAITING_CALLS or (
+    return (module_name, attribute(fn, "__name__")) in _GIL_RELEASING_FUNCTIONS or (
         module_name in _WAITING_MODULES
     )
 

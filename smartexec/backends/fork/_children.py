@@ -67,8 +67,8 @@ def _worker_main(
     or from the parent that forked it, which limited its own pools for the
     fork. Or, with ``blas_cap``, it caps them itself at that many threads,
     after the first chunk during which a thread pool of a native library
-    started (see :func:`smartexec._threads.native_threads_run`): capping OpenBLAS after a fork
-    starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
+    started (see :func:`smartexec._threads.native_threads_run`): capping
+    OpenBLAS after a fork starts its pool, whose threads spin for ~0.1 s of CPU, so a worker that
     never calls it never caps it. A worker forked directly when this
     process had no table (no numpy loaded, see :func:`_blas_table`) is
     forked so.
