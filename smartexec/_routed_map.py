@@ -246,7 +246,7 @@ class RoutedMap:
             del outcomes
             self.timed = n
         evidence = self.evidence
-        evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil)
+        evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil, result.first)
         if evidence.on_threads and self.reading_due(time.perf_counter()):
             self.read_threads()
         if evidence.ready() and self.relay is not None:  # (None: the stream is opening)

@@ -404,7 +404,8 @@ def predict_s(
         rest: items left (int >= 0).
         cpus: usable CPUs.
         workers: the route's workers.
-        startup_s: seconds to start the route's workers (0 when running).
+        startup_s: seconds to start the route's workers (0 when running),
+            and its first call's warm-up where it does not run yet.
         cores: cores one item keeps busy by itself (BLAS threads).
         overhead_s: the route's cost per chunk (seconds), its chunks sized
             by :func:`chunksize` from the same figures; 0 leaves it out.
@@ -421,7 +422,7 @@ def predict_s(
     """
     work = per_item_s * rest
     if route == "inline":
-        return work
+        return startup_s + work
     chunks_s = 0.0
     if overhead_s > 0 and rest > 0:
         size = chunksize(per_item_s, workers, overhead_s, rest, in_process=route == "thread")

@@ -203,6 +203,34 @@ def test_a_watch_is_not_started_for_a_short_rest(monkeypatch):
     assert result.gil is None and len(result.outcomes) == 2
 
 
+def test_a_chunk_reports_its_first_calls_seconds_apart(monkeypatch):
+    import types
+
+    from smartexec import _remote
+
+    # A clock that moves 1 ms a reading: the chunk reads it at its start,
+    # after its first call and at its end.
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 0.001, thread_time=lambda: 0.0)
+    monkeypatch.setattr(_remote, "time", clock)
+    result = _remote.run_chunk(abs, [((-i,), {}) for i in range(50)], watch=False)
+    assert result.first == (0.001, 0.0) and result.compute_s == pytest.approx(0.002)
+    assert [value for _, value in result.outcomes] == list(range(50))
+    unclocked = _remote.run_chunk(abs, [((-1,), {}), ((-2,), {})], watch=False, clock_cpu=False)
+    assert unclocked.first is not None and unclocked.first[1] == -1.0
+    # A chunk of one call has no first call apart from itself.
+    assert _remote.run_chunk(abs, [((-1,), {})], watch=False).first is None
+
+
+def test_a_watched_chunk_reports_its_first_call_too():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    result = _remote.run_chunk(_nap, [((0.002,), {})] * 4, remote=True)
+    assert result.first is not None
+    assert 0.0 < result.first[0] <= result.compute_s and result.first[1] <= result.cpu_s
+
+
 def test_starting_a_watch_part_way_is_not_the_items_time(monkeypatch):
     from smartexec import _remote
 

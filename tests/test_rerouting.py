@@ -534,6 +534,51 @@ def test_computing_chunks_are_priced_at_their_mean_less_outliers():
     assert slow_items.per_item_s == pytest.approx((11 * 10 + 5 * 200) / 16 / 1000)
 
 
+def test_a_workers_first_call_is_left_out_of_its_chunk_and_counted_as_a_warm_up():
+    # A fresh fork worker's first np.mean: 270 us; the chunk's other 63: 2.4 us.
+    chunk_s = 270e-6 + 63 * 2.4e-6
+    found = Evidence(2)
+    for _ in range(2):
+        found.add(64, chunk_s, chunk_s, None, first=(270e-6, 270e-6))
+    assert found.per_item_s == pytest.approx(2.4e-6)
+    assert found.warm_ups == pytest.approx([267.6e-6] * 2)
+    assert found.warm_up_s == pytest.approx(267.6e-6)
+    # One first call per worker: a third slow first call is an item's own.
+    found.add(64, chunk_s, chunk_s, None, first=(270e-6, 270e-6))
+    assert len(found.warm_ups) == 2 and found.per_item[-1] == pytest.approx(chunk_s / 64)
+
+
+def test_a_first_call_like_the_others_stays_in_its_chunk():
+    found = Evidence(2)
+    found.add(4, 0.004, 0.004, None, first=(0.003, 0.003))  # 3 ms against 0.33 ms: under 10x
+    assert found.per_item_s == pytest.approx(0.001) and found.warm_ups == []
+    found.add(1, 0.05, 0.05, None, first=(0.05, 0.05))  # a chunk of one is its first call
+    assert found.warm_ups == []
+    # Waiting chunks are priced on their wall time, and so is their first call.
+    waits = Evidence(2)
+    waits.add(10, 0.1 + 9 * 0.001, 0.0, None, first=(0.1, 0.0))
+    assert waits.per_item_s == pytest.approx(0.001) and waits.warm_ups == pytest.approx([0.099])
+
+
+def test_a_route_not_running_yet_pays_the_warm_up_once():
+    found = Evidence(2)
+    for _ in range(2):
+        found.add(64, 0.02 + 63 * 1e-4, 0.02 + 63 * 1e-4, None, first=(0.02, 0.02))
+    verdict = reroute(
+        found,
+        current="fork",
+        candidates={"fork": (2, 0.0), "inline": (1, 0.0)},
+        send_s=0.0,
+        rest=1000,
+        cpus=2,
+    )
+    assert verdict.predicted["inline"] == pytest.approx(1000 * 1e-4 + found.warm_up_s)
+    running = predict_s(
+        "fork", kind=None, per_item_s=1e-4, send_s=0.0, rest=1000, cpus=2, workers=2
+    )
+    assert verdict.predicted["fork"] == pytest.approx(running)
+
+
 def test_a_cost_paid_once_per_chunk_is_told_from_one_paid_per_item():
     # The same 20 MiB array in every call: proven once per chunk, so a chunk of
     # 63 items costs the caller about what a chunk of one does.
