@@ -200,8 +200,9 @@ def test_library_settings_are_process_state(fn):
     assert routes(fn) == (False, False), effects_of(fn)
 
 
-def test_the_threads_own_state_keeps_it_off_threads_only():
-    assert routes(uses_the_threads_event_loop) == (False, True)
+def test_the_threads_own_state_keeps_it_off_threads_and_the_calling_thread():
+    # In the calling thread it would use the caller's own (a worker process's is its own).
+    assert routes(uses_the_threads_event_loop) == (False, False)
 
 
 @pytest.mark.parametrize(

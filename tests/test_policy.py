@@ -320,7 +320,7 @@ def test_row_0_gives_way_to_the_users_word():
     assert decide(prof, LINUX, Options(prefer="threads")).backend == "thread"
     assert decide(prof, LINUX, Options(backend="thread")).backend == "thread"
     assert not permits(prof, "thread", Options())
-    assert permits(prof, "inline", Options())  # a loop here: items one at a time
+    assert not permits(prof, "inline", Options())  # a loop here writes the caller's `_BUF`
     assert not permits(_writing("process"), "inline", Options())
     assert permits(prof, "fork", Options()) and permits(prof, "loky", Options())
 

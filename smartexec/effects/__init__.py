@@ -33,8 +33,9 @@ thread like a write does.
 
 :meth:`Effects.allows` answers which routes are safe: threads only when
 nothing it writes can be seen by another call; a loop in the calling
-thread only when it changes no process state and none of its arguments (a
-module-level scratch object is safe there: items run one at a time). The
+thread on the same terms: it writes nothing another call or the caller
+sees (a module-level object written there is the caller's own, and keeps
+what the map wrote after it), no process state and none of its arguments. The
 user widens that: ``backend=``, ``prefer="threads"``, or
 :func:`thread_safe` on the callable.
 """
