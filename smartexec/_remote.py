@@ -150,7 +150,7 @@ class PackedCalls(NamedTuple):
 
 
 class OwnCalls(list):  # type: ignore[type-arg]
-    """A chunk's calls whose callable writes into its arguments: each gets its own in the worker.
+    """A chunk's calls whose callable writes what other calls see: each gets its own in the worker.
 
     A chunk travels as one pickle, which keeps one object passed to several
     of its calls one object there (a repeated big argument is even sent
@@ -158,6 +158,10 @@ class OwnCalls(list):  # type: ignore[type-arg]
     right, for a callable that only reads its arguments; for one that
     writes into them (``effects`` of kind ``"argument"``) each call gets a
     copy, as a ``ProcessPoolExecutor`` pickling each call alone gives it.
+    Its results go back together after the chunk's last call: for one that
+    writes what a later call reaches (kind ``"shared"``), each result is
+    copied as it is returned where a later call could change it
+    (:func:`snapshot`; see :meth:`smartexec.effects.Effects.owns_calls`).
     """
 
     own = True
@@ -227,6 +231,43 @@ def separated(values: list[Any]) -> list[Any]:
         else:
             seen.add(id(value))
     return out
+
+
+def _references(value: Any) -> int:
+    return sys.getrefcount(value)  # counted as snapshot() counts: its argument, one frame down
+
+
+def _fresh_references() -> int:
+    value = object()  # held here alone, as a result just returned is by _run_items
+    return _references(value)
+
+
+#: What :func:`snapshot` reads for an object only its caller's variable holds.
+_FRESH_REFERENCES = _fresh_references()
+
+
+def snapshot(value: Any) -> Any:
+    """``value``, or a copy of it as it is now when a later call could change it; run in a worker.
+
+    A chunk's results are pickled together once its last call returns. A
+    result that is also held elsewhere (a module-level buffer the callable
+    fills and returns, a cached object) or that views another array's
+    memory would go back as the last call left it: 1,000 calls that filled
+    and returned one module-level array came back as 17 distinct rows
+    (one per chunk), where a ``ProcessPoolExecutor`` (``chunksize=1``)
+    pickles each as it is returned. Used for callables whose calls may
+    write what a later call reaches (see :class:`OwnCalls`); a fresh
+    result is returned as it is.
+    """
+    if type(value) in _IMMUTABLE:
+        return value
+    view = type(value).__module__ == "numpy" and getattr(value, "base", None) is not None
+    if view or sys.getrefcount(value) > _FRESH_REFERENCES:
+        try:
+            return _copy(value)
+        except Exception:  # it cannot be pickled: the reply says so, as it would have
+            return value
+    return value
 
 
 def own_arguments(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | PackedCalls:
@@ -461,6 +502,7 @@ def run_chunk(
     if key is not None and len(entries) <= 1:
         run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     run.clock_cpu = clock_cpu
+    run.own = remote and getattr(chunk, "own", False)
     run.cpu_start = time.thread_time() if clock_cpu else 0.0
     start = run.start = time.perf_counter()
     run.deadline = math.inf if budget_s is None else start + budget_s
@@ -500,6 +542,7 @@ class _ChunkRun:
         "cpu_start",
         "clock_cpu",
         "first",
+        "own",
     )
 
     def __init__(self, fn: Callable[..., Any], mode: int, remote: bool) -> None:
@@ -515,10 +558,13 @@ class _ChunkRun:
         self.start = self.cpu_start = 0.0  # the chunk's clocks at its start
         self.clock_cpu = True
         self.first: tuple[float, float] | None = None  # see ChunkResult.first
+        self.own = False  # results copied as returned (see snapshot)
 
     def items(self, items: Iterable[Any]) -> bool:
         """Run ``items``; True when the deadline stopped them."""
-        return _run_items(self.fn, items, self.mode, self.remote, self.outcomes, self.deadline)
+        return _run_items(
+            self.fn, items, self.mode, self.remote, self.outcomes, self.deadline, self.own
+        )
 
     def first_item(self, items: Iterator[Any]) -> bool:
         """Run the first of ``items`` and keep its seconds (:attr:`first`); True when the deadline stopped it."""
@@ -581,21 +627,26 @@ def _run_items(
     remote: bool,
     outcomes: list[tuple[bool, Any]],
     deadline: float,
+    own: bool = False,
 ) -> bool:
     """Run ``entries`` (mode 0: ``(args, kwargs)``; 1: args tuples; 2: single arguments).
 
     Appends one outcome per item to ``outcomes``; True when it stopped at
     ``deadline`` (a ``time.perf_counter()`` value, ``math.inf`` for none).
+    With ``own``, each result a later call could still change is copied as
+    it is returned (:func:`snapshot`).
     """
     timed = deadline != math.inf
     for entry in entries:
         try:
             if mode == 2:
-                outcomes.append((True, fn(entry)))
+                value = fn(entry)
             elif mode == 1:
-                outcomes.append((True, fn(*entry)))
+                value = fn(*entry)
             else:
-                outcomes.append((True, fn(*entry[0], **entry[1])))
+                value = fn(*entry[0], **entry[1])
+            outcomes.append((True, snapshot(value) if own else value))
+            del value
         except BaseException as exc:
             outcomes.append((False, remote_exception(exc) if remote else exc))
             del exc

@@ -617,9 +617,7 @@ def open_stream(
         cap = backend.max_tasks_per_child
         stats = ex._stats  # the stream (held by map's results) must not hold self
         profile = decision.profile
-        own = (
-            not backend.shares_memory and profile is not None and profile.effects.writes_arguments()
-        )
+        own = not backend.shares_memory and profile is not None and profile.effects.owns_calls()
 
         def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
             if cap is not None:

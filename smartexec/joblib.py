@@ -49,7 +49,7 @@ except ImportError as exc:  # tests/test_joblib_backend.py hides joblib to check
 
 from ._diagnose import explain_pickling, is_pickling_failure
 from ._identity import identity_key
-from ._remote import Call, ChunkResult, separate_calls, separated, unpack_calls
+from ._remote import Call, ChunkResult, separate_calls, separated, snapshot, unpack_calls
 from ._routed_map import chunk_timeout
 from ._sender import send_chunk
 from ._system import current_platform
@@ -108,7 +108,11 @@ class _Batch:
             calls = list(unpack_calls(separate_calls(calls)))
         # As joblib's BatchedCalls: in order, the first exception ends the batch.
         with parallel_config(backend=nested, n_jobs=self.nested_n_jobs):
-            results = [self.fn(*args, **kwargs) for args, kwargs in calls]
+            results = []
+            for args, kwargs in calls:
+                value = self.fn(*args, **kwargs)
+                results.append(snapshot(value) if away and self.own else value)
+                del value
         return separated(results) if away else results
 
     def __getstate__(self) -> tuple[Any, Any, int | None, bool]:
@@ -477,7 +481,7 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
                 )
                 chosen.append(each)
                 profile = decision.profile
-                own = profile is None or profile.effects.writes_arguments()
+                own = profile is None or profile.effects.owns_calls()
                 return _Batch(_call if each else fn, nested, nested_n_jobs, own)
 
             _, send = _chunk_sender(executor, fn, runner)

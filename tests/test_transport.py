@@ -946,3 +946,27 @@ def test_a_reply_that_cannot_be_unpickled_here_is_a_worker_protocol_error():
     assert "result of f() came back from a dask worker" in str(error)
     with pytest.raises(WorkerProtocolError):
         transport.loads_reply(data)
+
+
+_HELD = [1, 2]
+
+
+def _as_a_worker_returns(make):
+    """``(whether snapshot kept the object, what it gave)`` for ``make()``'s result, held as a worker holds one."""
+    from smartexec._remote import snapshot
+
+    value = make()
+    sent = snapshot(value)
+    return sent is value, sent
+
+
+def test_a_result_held_elsewhere_or_viewing_other_memory_is_copied_as_it_is_returned():
+    import numpy as np
+
+    assert _as_a_worker_returns(lambda: [3, 4]) == (True, [3, 4])  # fresh: sent as it is
+    assert _as_a_worker_returns(lambda: "x" * 100)[0]  # no call can change a str
+    kept, held = _as_a_worker_returns(lambda: _HELD)
+    assert not kept and held == _HELD and held is not _HELD  # a module-level object: a copy
+    base = np.arange(6.0)
+    kept, view = _as_a_worker_returns(lambda: base[2:4])
+    assert not kept and not np.shares_memory(view, base) and view.tolist() == [2.0, 3.0]

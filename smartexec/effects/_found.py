@@ -95,6 +95,16 @@ class Effects:
         """
         return any(e.kind in ("argument", "unread") for e in self.found)
 
+    def owns_calls(self) -> bool:
+        """Whether each call in a worker needs arguments and results of its own.
+
+        So when a call may write into its arguments, or into an object a
+        later call reaches (or its code could not be read): a chunk's calls
+        travel as one pickle, and its results go back as one, after its
+        last call (see :class:`~smartexec._remote.OwnCalls`).
+        """
+        return self.writes_arguments() or self.keeps_writes()
+
     def keeps_writes(self) -> bool:
         """Whether a call may write to an object a later call reaches (or its code could not be read).
 

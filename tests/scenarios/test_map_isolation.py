@@ -111,6 +111,26 @@ def test_a_map_that_writes_module_state_never_moves_into_the_caller():
         assert _SEEN == set() and "moves to inline" not in log, log
 
 
+_ROW = [0, 0]
+
+
+def fill_and_return(i):
+    """Fill a module-level row with the item and return the row itself."""
+    _ROW[0], _ROW[1] = i, i * i
+    return _ROW
+
+
+@pytest.mark.parametrize("options", [{"prefer": "processes"}, {}])
+def test_a_result_a_later_call_changes_goes_back_as_it_was_returned(options):
+    # A chunk's results are pickled after its last call: 1,000 calls that
+    # returned one module-level object came back as 17 distinct rows. A
+    # ProcessPoolExecutor pickles each result as it is returned.
+    with SmartExecutor(2, **options) as ex:
+        rows = list(ex.map(fill_and_return, range(1000)))
+        log = "\n".join(map(str, ex.decisions()))
+    assert rows == [[i, i * i] for i in range(1000)], log
+
+
 @pytest.mark.parametrize("n", [1, 10, 20_000])
 def test_prefer_processes_runs_no_item_in_the_caller(n):
     with SmartExecutor(2, prefer="processes") as ex:
