@@ -7,6 +7,7 @@ and must stay so. No process is started: the reading never runs the code.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import heapq
@@ -41,7 +42,7 @@ def routes(fn) -> tuple[bool, bool]:
     return e.allows("thread"), e.allows("inline")
 
 
-# --- shapes that write an object other calls see: off threads, fine in a loop
+# --- shapes that write an object other calls see: off threads and the calling thread
 
 
 def scratch_array(x):
@@ -676,3 +677,38 @@ def test_a_functions_lines_end_at_its_last_instruction_nested_code_included():
     lines = inspect.getsourcelines(_ends_across_lines)[0]
     expected = code.co_firstlineno + len(lines) - 1  # the closing parenthesis
     assert last == expected if sys.version_info >= (3, 11) else expected - 1 <= last <= expected
+
+
+def appends_through_map(rows):
+    list(map(rows.append, [1]))
+    return len(rows)
+
+
+def appends_through_a_deque(rows):
+    collections.deque(map(rows.append, [1]), maxlen=0)
+    return len(rows)
+
+
+def appends_through_its_type(rows):
+    type(rows).append(rows, 1)
+    return len(rows)
+
+
+def appends_to_its_own_list(rows):
+    out = []
+    add = out.append
+    collections.deque(map(add, rows), maxlen=0)
+    return out
+
+
+@pytest.mark.parametrize(
+    "fn", [appends_through_map, appends_through_a_deque, appends_through_its_type]
+)
+def test_a_changing_method_taken_as_a_value_or_through_its_type_writes_its_object(fn):
+    # Found by a helper trying to break it: these wrote the caller's lists in a loop here.
+    assert "argument" in kinds(fn), effects_of(fn)
+    assert routes(fn) == (False, False)
+
+
+def test_a_changing_method_of_a_local_taken_as_a_value_changes_nothing_shared():
+    assert routes(appends_to_its_own_list) == (True, True), effects_of(appends_to_its_own_list)

@@ -398,6 +398,10 @@ class FunctionReader:
                     if self.record:
                         self.thread_state(expr)
                     return object_ref(value, f"module-level `{dotted(expr)}`")
+            if expr.attr in MUTATING_METHODS:
+                # A method that changes its object, taken as a value: whoever
+                # calls it writes the object (`list(map(rows.append, xs))`).
+                self.write(self.ref(expr.value), f" (.{expr.attr}, taken as a value)", expr)
             return self.ref(expr.value).element() | self.class_attribute(expr)
         if isinstance(expr, (ast.Yield, ast.YieldFrom)):
             # A generator's values are what it gives (a contextmanager's `as`).
@@ -491,6 +495,9 @@ class FunctionReader:
         func = node.func
         if isinstance(func, ast.Attribute):
             receiver = self.ref(func.value)
+            if func.attr in MUTATING_METHODS and call.args and self.of_type(func.value):
+                # `type(rows).append(rows, x)`: the method's object is its first argument.
+                self.write(call.args[0], f" (`{dotted(func) or func.attr}`)", node)
             if is_generator(self.scope.value(func.value)):
                 self.write(receiver, f" (draws from it: `{dotted(func)}`)", node)
             library = self.library_module(func.value)
@@ -515,6 +522,10 @@ class FunctionReader:
                     f"calls {what}, which it cannot see into", self.where(node)
                 )
         return NOTHING
+
+    def of_type(self, expr: ast.expr) -> bool:
+        """Whether ``expr`` is ``type(...)``: a class, whose methods take their object first."""
+        return isinstance(expr, ast.Call) and self.scope.value(expr.func) is type
 
     def library_module(self, expr: ast.expr) -> types.ModuleType | None:
         """The library module ``expr`` (``np.random``) starts from, when it is not found from there."""
