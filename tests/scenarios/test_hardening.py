@@ -6,6 +6,7 @@ import gc
 import itertools
 import os
 import resource
+import sys
 import time
 
 import pytest
@@ -190,3 +191,16 @@ def test_a_task_timeout_moves_a_function_measured_as_waiting_to_fork():
         assert time.monotonic() - start < 60  # not the 600 s the stuck call wanted
     finally:
         gil.forget(w.sleep_then_return)
+
+
+def recurse(n):
+    return 0 if n == 0 else 1 + recurse(n - 1)
+
+
+def test_a_fork_worker_leaves_the_callable_the_recursion_a_fresh_interpreter_has():
+    # A fork worker runs below the frames its zygote was forked under (here
+    # pytest's): a recursion 970 deep that a ProcessPoolExecutor worker ran
+    # raised RecursionError in one (found by a helper trying to break it).
+    depth = sys.getrecursionlimit() - 40
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(recurse, [depth] * 4)) == [depth] * 4

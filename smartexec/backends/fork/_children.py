@@ -18,6 +18,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -95,6 +96,7 @@ def _worker_main(
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mark_worker_process()
+    _keep_recursion_headroom()
     _threads.forget_inherited_pools()
     try:
         if initializer is not None and not _initialized(initializer, initargs, ctl):
@@ -122,6 +124,27 @@ def _worker_main(
         if blas_cap is not None and _threads.native_threads_run(settle_s=0.001):
             cap_in_this_process(blas_cap)  # their pool runs: no new threads start
             blas_cap = None
+
+
+#: Frames between the worker loop and the callable: serve_request,
+#: run_chunk, the chunk's run and its loop, with room to spare.
+SERVING_FRAMES = 8
+
+
+def _keep_recursion_headroom() -> None:
+    """Raise this worker's recursion limit by the frames it was forked under, and those that serve a call.
+
+    A fork worker inherits the stack of the parent's thread that forked its
+    zygote (a map called deep in the caller's code, under a test runner),
+    and the callable runs below those frames: a recursion 970 deep that
+    ran in a ``ProcessPoolExecutor`` worker (18 frames there) raised
+    ``RecursionError`` here (26-33). Now the callable has at least the
+    parent's limit to itself, as in a fresh interpreter.
+    """
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    sys.setrecursionlimit(sys.getrecursionlimit() + depth + SERVING_FRAMES)
 
 
 def _initialized(
