@@ -9,7 +9,11 @@ every map's chunks already sent finish whole.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -27,6 +31,10 @@ class OpenMaps:
         #: Maps shutdown(wait=True) finishes, by id(): the stream, and
         #: whether the rest of its input is sent too.
         self._unsent: dict[int, tuple[ChunkStream, bool]] = {}
+        #: Of those, the maps over an input of unknown length given no
+        #: ``buffersize``, by id(): what their shutdown leaves unread is
+        #: warned of (see :func:`finish`).
+        self._unknown_length: dict[int, str] = {}
         #: Those whose rest is sent if the executor is dropped unshut (see
         #: :meth:`release_when_dropped`): held weakly, so that no map keeps it alive.
         self._rest_if_dropped: weakref.WeakSet[ChunkStream] = weakref.WeakSet()
@@ -34,7 +42,7 @@ class OpenMaps:
     def __bool__(self) -> bool:
         return bool(self._unsent)
 
-    def add(self, stream: ChunkStream, send_rest: bool) -> None:
+    def add(self, stream: ChunkStream, send_rest: bool, unknown_length: str | None = None) -> None:
         """Count ``stream`` among the maps :meth:`finish` finishes.
 
         Every map's chunks already sent finish whole, re-sent parts
@@ -45,28 +53,57 @@ class OpenMaps:
         shutdown would never end on an endless input, which the stdlib's
         ``map`` could not take either; with ``buffersize``, 3.14's reads
         lazily too, and its shutdown finishes only the tasks already sent.
+        ``unknown_length``: the callable's name, for a map over such an
+        input given no ``buffersize``; what it leaves unread at shutdown is
+        warned of (:meth:`take`).
         """
-        unsent = self._unsent
+        unsent, unknown = self._unsent, self._unknown_length
         # A copy first: a collected map's finaliser (any allocation may run
         # one) pops from the dict, which iterating it would not survive.
         for key, (held, _) in unsent.copy().items():
             if held.settled:  # nothing left to send or to send again
                 unsent.pop(key, None)
+                unknown.pop(key, None)
         key = id(stream)
         unsent[key] = (stream, send_rest)
         if send_rest:
             self._rest_if_dropped.add(stream)
+        if unknown_length is not None:
+            unknown[key] = unknown_length
 
         def finished() -> None:  # holds the dict, not the stream nor the executor
             unsent.pop(key, None)
+            unknown.pop(key, None)
 
         stream.on_cancel = finished
 
     def take(self) -> list[tuple[ChunkStream, bool]]:
-        """The open maps, each with whether its rest is sent; none are kept after."""
-        taken = list(self._unsent.copy().values())  # see add()
+        """The open maps, each with whether its rest is sent; none are kept after.
+
+        Warns (``RuntimeWarning``) of each map over an input of unknown
+        length, given no ``buffersize``, that was not read to its end: its
+        unread items will not run, where the stdlib's ``map``, which reads
+        a finite input whole when called, runs them all.
+        """
+        unsent = self._unsent.copy()  # see add()
+        unread = [
+            self._unknown_length[key]
+            for key, (stream, _) in unsent.items()
+            if key in self._unknown_length and stream.started and not stream.input_read
+        ]
         self._unsent.clear()
-        return taken
+        self._unknown_length.clear()
+        for name in unread:
+            warnings.warn(
+                f"a map of {name} over an input of unknown length (a generator, a file) "
+                f"was not read to its end before shutdown: the items it did not read will not "
+                f"run (the stdlib's map reads a finite input whole when called). Read the map's "
+                f"results before the executor shuts down, pass a list, or pass buffersize=N to "
+                f"say that a lazy map is meant",
+                RuntimeWarning,
+                stacklevel=_callers_level(),
+            )
+        return list(unsent.values())
 
     def release_when_dropped(self, owner: object, backends: dict[str, Backend]) -> None:
         """When ``owner`` dies unshut, let ``backends`` go as ``shutdown(wait=False)`` does.
@@ -80,6 +117,19 @@ class OpenMaps:
         """
         finalizer = weakref.finalize(owner, _release, backends, self._rest_if_dropped)
         finalizer.atexit = False
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside smartexec and ``concurrent.futures``.
+
+    A shutdown comes from the user's ``with`` block (through two
+    ``__exit__`` methods) or from a call of ``shutdown()``.
+    """
+    ours = (os.path.dirname(__file__), os.path.dirname(concurrent.futures.__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def finish(

@@ -35,6 +35,7 @@ from ._sender import send_chunk
 from ._system import IDLE_TICK_S
 from .backends._base import Backend
 from .gil import GilProfile, remember
+from .inspection import callable_name
 from .policy import Decision, alternatives, permits
 from .registry import get_backend_class
 from .tuning import Estimate
@@ -616,6 +617,7 @@ def open_stream(
         # as it does for a chunk stopped by its budget).
         cap = backend.max_tasks_per_child
         stats = ex._stats  # the stream (held by map's results) must not hold self
+        executor = weakref.ref(ex)
         profile = decision.profile
         own = not backend.shares_memory and profile is not None and profile.effects.owns_calls()
 
@@ -630,14 +632,20 @@ def open_stream(
             # look at 20,000 JSON documents read 5-14 us an item to send where
             # it costs ~1-3 us, and moved the last 4,000 to a loop.
             start = time.thread_time()
-            future = send_chunk(
-                backend,
-                target if clocked is not None and clocked() else plain,
-                calls,
-                budget_s,
-                chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
-                stats,
-            )
+            try:
+                future = send_chunk(
+                    backend,
+                    target if clocked is not None and clocked() else plain,
+                    calls,
+                    budget_s,
+                    chunk_timeout(task_timeout, len(calls), estimate.per_item_s),
+                    stats,
+                )
+            except RuntimeError as exc:
+                owner = executor()
+                if owner is None or owner._shutdown:
+                    raise RuntimeError(_SENT_AFTER_SHUTDOWN) from exc
+                raise
             if on_send is not None:
                 on_send(len(calls), time.thread_time() - start)
             return future
@@ -666,11 +674,24 @@ def open_stream(
             start=False,
             width=None if buffersize is not None else lambda: backend.max_workers,
         )
-        ex._open_maps.add(stream, send_rest=buffersize is None and remaining is not None)
+        ex._open_maps.add(
+            stream,
+            send_rest=buffersize is None and remaining is not None,
+            unknown_length=callable_name(fn) if buffersize is None and remaining is None else None,
+        )
     # Not under the executor's lock: reading the input runs the user's code
     # (a generator that may wait for a thread submitting to this executor).
     stream.start()
     return stream
+
+
+#: Why a map read after its executor's shutdown cannot go on.
+_SENT_AFTER_SHUTDOWN = (
+    "cannot schedule new futures after shutdown: this map sends its items as its results "
+    "are read, and the executor shut down before they were all read (a map over an input "
+    "of unknown length, or given a buffersize, is not read on at shutdown). Read a map's "
+    "results before the executor shuts down (inside its with block), or pass a list"
+)
 
 
 def _as_calls(inputs: Iterator[tuple[Any, ...]]) -> Iterator[Call]:
