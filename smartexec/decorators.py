@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast, overload
 from ._map_run import check_map_arguments
 from ._setup import Widths, check_route
 from .executor import SmartExecutor
+from .inspection import callable_name
 from .policy import Decision
 from .progress import ProgressFactory, progress_factory
 from .registry import require_known
@@ -214,12 +215,28 @@ class _LastCall:
         return tuple(self.stats().decisions)
 
 
+def _not_one_iterable(func: Callable[..., Any], given: int) -> str:
+    """Why a :func:`parallel_map` function called with ``given`` positional arguments is refused."""
+    name = getattr(func, "__qualname__", callable_name(func))
+    text = f"{name}() takes the one iterable it maps over, got {given} positional arguments"
+    if given == 2 and "." in name:
+        text += (
+            "; on a method, the decorated function gets the instance too: @parallel_map "
+            "decorates a function of one item. Map the method with an executor instead: "
+            "with SmartExecutor() as ex: list(ex.map(obj.method, items))"
+        )
+    return text
+
+
 def _decorate(func: Callable[[Any], Any], *, options: _Options) -> MappedFunction[Any, Any]:
     """``func`` as a :class:`MappedFunction` under ``options``."""
     last = _LastCall()
 
     @functools.wraps(func)
-    def mapped(items: Iterable[Any]) -> list[Any]:
+    def mapped(*args: Any) -> list[Any]:
+        if len(args) != 1:
+            raise TypeError(_not_one_iterable(func, len(args)))
+        (items,) = args
         executor = options.executor()
         try:
             with executor:

@@ -114,3 +114,21 @@ def test_the_limits_per_kind_of_pool_reach_the_executor():
     assert len(set(ident(range(50)))) <= 3
     width = ident.stats().backends["thread"].workers
     assert width == 3
+
+
+class _Scaler:
+    factor = 3
+
+    @parallel_map
+    def scale(self, x):
+        return x * self.factor
+
+
+def test_a_decorated_method_says_how_to_map_a_method():
+    # A new user's: "Thing.method() takes 1 positional argument but 2 were given".
+    with pytest.raises(
+        TypeError, match=r"_Scaler.scale\(\) takes the one iterable.*ex.map\(obj.method"
+    ):
+        _Scaler().scale(range(5))
+    with pytest.raises(TypeError, match="got 0 positional arguments"):
+        _Scaler.scale()
