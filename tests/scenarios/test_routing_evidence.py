@@ -404,6 +404,21 @@ def test_arithmetic_on_small_numbers_runs_in_a_loop_from_the_first_map():
     _profiles.clear()
 
 
+def test_arithmetic_found_cheap_on_the_workers_still_starts_its_next_maps_in_a_loop():
+    # A new user's: a map over a generator (unknown length: to the workers)
+    # left 1.1 us an item measured on fork, and the next run's map over
+    # range(100) started a fork pool (13 ms) where the first run's ran in
+    # 0.1 ms in a loop. Figures that found the items cheap do not stop it.
+    _profiles.clear()
+    with SmartExecutor(max_workers=2) as ex:
+        assert list(ex.map(square, iter(range(2_000)))) == [x * x for x in range(2_000)]
+        assert ex.stats().backends["fork"].items > 0, str(ex.stats())
+        assert list(ex.map(square, range(100))) == [x * x for x in range(100)]
+        last = ex.decisions()[-1]
+        assert last.backend == "inline" and "only does arithmetic" in str(last), str(last)
+    _profiles.clear()
+
+
 def test_arithmetic_whose_numbers_turn_big_moves_to_the_workers():
     # The first item is small; the later ones are 60,000-bit numbers (x * x
     # then takes ~0.1 ms): the loop re-checks between batches and sends the
