@@ -142,11 +142,14 @@ class PackedCalls(NamedTuple):
         items: one entry per call, in order.
         own: each call must get arguments of its own in the worker
             (:func:`separate_calls`): the callable writes into them.
+        snapshots: each result a later call could change is copied as it
+            is returned (:func:`snapshot`).
     """
 
     single: bool
     items: list[Any]
     own: bool = False
+    snapshots: bool = False
 
 
 class OwnCalls(list):  # type: ignore[type-arg]
@@ -159,17 +162,26 @@ class OwnCalls(list):  # type: ignore[type-arg]
     writes into them (``effects`` of kind ``"argument"``) each call gets a
     copy, as a ``ProcessPoolExecutor`` pickling each call alone gives it.
     Its results go back together after the chunk's last call: for one that
-    writes what a later call reaches (kind ``"shared"``), each result is
-    copied as it is returned where a later call could change it
-    (:func:`snapshot`; see :meth:`smartexec.effects.Effects.owns_calls`).
+    writes what a later call reaches (kind ``"shared"``: :attr:`snapshots`),
+    each result is copied as it is returned where a later call could change
+    it (:func:`snapshot`; see :meth:`smartexec.effects.Effects.owns_calls`).
     """
 
     own = True
+    #: Each result a later call could change is copied as it is returned.
+    snapshots = False
+
+
+def own_calls(calls: Iterable[Call], snapshots: bool) -> OwnCalls:
+    """``calls`` marked :class:`OwnCalls`, with :attr:`OwnCalls.snapshots` as given."""
+    marked = OwnCalls(calls)
+    marked.snapshots = snapshots
+    return marked
 
 
 def copy_calls(chunk: Sequence[Call]) -> list[Call]:
-    """A list of ``chunk``'s calls, still an :class:`OwnCalls` when it was one."""
-    return OwnCalls(chunk) if isinstance(chunk, OwnCalls) else list(chunk)
+    """A list of ``chunk``'s calls, still an :class:`OwnCalls` (and its marks) when it was one."""
+    return own_calls(chunk, chunk.snapshots) if isinstance(chunk, OwnCalls) else list(chunk)
 
 
 def pack_calls(calls: Sequence[Call]) -> Sequence[Call] | PackedCalls:
@@ -178,11 +190,12 @@ def pack_calls(calls: Sequence[Call]) -> Sequence[Call] | PackedCalls:
     An :class:`OwnCalls` chunk stays marked (``own``).
     """
     own = isinstance(calls, OwnCalls)
+    snapshots = own and calls.snapshots  # type: ignore[attr-defined]
     if not calls or any(kwargs for _, kwargs in calls):
         return calls
     if all(len(args) == 1 for args, _ in calls):
-        return PackedCalls(True, [args[0] for args, _ in calls], own)
-    return PackedCalls(False, [args for args, _ in calls], own)
+        return PackedCalls(True, [args[0] for args, _ in calls], own, snapshots)
+    return PackedCalls(False, [args for args, _ in calls], own, snapshots)
 
 
 #: The keyword arguments of every call of a map: one shared empty dict (a
@@ -281,7 +294,7 @@ def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | Pack
     """The calls, each with arguments of its own (see :func:`separated`); run in a worker."""
     if isinstance(calls, PackedCalls) and calls.single:
         items = separated(calls.items)
-        return calls if items is calls.items else PackedCalls(True, items, calls.own)
+        return calls if items is calls.items else calls._replace(items=items)
     shapes: list[Call]
     if isinstance(calls, PackedCalls):
         shapes = [(args, {}) for args in calls.items]
@@ -298,8 +311,8 @@ def separate_calls(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | Pack
         rebuilt.append((tuple(fresh[at : at + n]), dict(zip(kwargs, fresh[at + n : at + n + m]))))
         at += n + m
     if isinstance(calls, PackedCalls):
-        return PackedCalls(False, [args for args, _ in rebuilt], calls.own)
-    return OwnCalls(rebuilt) if isinstance(calls, OwnCalls) else rebuilt
+        return calls._replace(single=False, items=[args for args, _ in rebuilt])
+    return own_calls(rebuilt, calls.snapshots) if isinstance(calls, OwnCalls) else rebuilt
 
 
 def separate_outcomes(result: ChunkResult) -> ChunkResult:
@@ -502,7 +515,7 @@ def run_chunk(
     if key is not None and len(entries) <= 1:
         run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     run.clock_cpu = clock_cpu
-    run.own = remote and getattr(chunk, "own", False)
+    run.own = remote and getattr(chunk, "snapshots", False)
     run.cpu_start = time.thread_time() if clock_cpu else 0.0
     start = run.start = time.perf_counter()
     run.deadline = math.inf if budget_s is None else start + budget_s

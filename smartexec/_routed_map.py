@@ -29,7 +29,7 @@ from ._context import in_caller
 from ._diagnose import explain_pickling
 from ._inputs import PICKLE_SAMPLE, measure_pickling
 from ._mapping import InlineStream, Relay, stream_values
-from ._remote import _NO_KWARGS, Call, ChunkResult, OwnCalls
+from ._remote import _NO_KWARGS, Call, ChunkResult, own_calls
 from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence, Reroute, reroute
 from ._sender import send_chunk
 from ._system import IDLE_TICK_S
@@ -620,12 +620,13 @@ def open_stream(
         executor = weakref.ref(ex)
         profile = decision.profile
         own = not backend.shares_memory and profile is not None and profile.effects.owns_calls()
+        snapshots = own and profile is not None and profile.effects.keeps_writes()
 
         def send(calls: list[Call], budget_s: float | None) -> Future[ChunkResult]:
             if cap is not None:
                 calls = calls[:cap]
-            if own:  # each call gets arguments of its own in the worker
-                calls = OwnCalls(calls)
+            if own:  # each call gets arguments (and results) of its own in the worker
+                calls = own_calls(calls, snapshots)
             # This thread's CPU time, not the wall clock: a send that waits
             # (for the GIL, for a core the workers hold) costs the map nothing
             # the workers do not already pay. Timed by the wall clock, a late

@@ -82,16 +82,25 @@ class _Batch:
     is ``fn``'s plus the nested backend (small), so ``fn``'s routing holds.
     """
 
-    __slots__ = ("fn", "nested", "nested_n_jobs", "home", "own", "__weakref__")
+    __slots__ = ("fn", "nested", "nested_n_jobs", "home", "own", "snapshots", "__weakref__")
 
-    def __init__(self, fn: Callable[..., Any], nested: Any, nested_n_jobs: int | None, own: bool):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        nested: Any,
+        nested_n_jobs: int | None,
+        own: bool,
+        snapshots: bool = False,
+    ):
         self.fn = fn
         self.nested = nested
         self.nested_n_jobs = nested_n_jobs
         self.home = os.getpid()
         # A callable that writes into its arguments gets its own in a worker
-        # (from the routing's own reading of its effects).
+        # (from the routing's own reading of its effects); one that writes
+        # what a later call reaches gives back results as they were returned.
         self.own = own
+        self.snapshots = snapshots
 
     def __call__(
         self, layout: tuple[tuple[int, tuple[str, ...]], ...], /, *values: Any
@@ -111,20 +120,20 @@ class _Batch:
             results = []
             for args, kwargs in calls:
                 value = self.fn(*args, **kwargs)
-                results.append(snapshot(value) if away and self.own else value)
+                results.append(snapshot(value) if away and self.snapshots else value)
                 del value
         return separated(results) if away else results
 
-    def __getstate__(self) -> tuple[Any, Any, int | None, bool]:
-        return self.fn, self.nested, self.nested_n_jobs, self.own
+    def __getstate__(self) -> tuple[Any, Any, int | None, bool, bool]:
+        return self.fn, self.nested, self.nested_n_jobs, self.own, self.snapshots
 
     @property
     def __name__(self) -> str:
         """The batch's name in errors and stats: ``fn``'s (e.g. a task_timeout's)."""
         return callable_name(self.fn)
 
-    def __setstate__(self, state: tuple[Any, Any, int | None, bool]) -> None:
-        self.fn, self.nested, self.nested_n_jobs, self.own = state
+    def __setstate__(self, state: tuple[Any, Any, int | None, bool, bool]) -> None:
+        self.fn, self.nested, self.nested_n_jobs, self.own, self.snapshots = state
         self.home = -1  # unpickled: in another process
 
 
@@ -482,7 +491,8 @@ class SmartBackend(AutoBatchingMixin, ParallelBackendBase):
                 chosen.append(each)
                 profile = decision.profile
                 own = profile is None or profile.effects.owns_calls()
-                return _Batch(_call if each else fn, nested, nested_n_jobs, own)
+                snapshots = profile is None or profile.effects.keeps_writes()
+                return _Batch(_call if each else fn, nested, nested_n_jobs, own, snapshots)
 
             _, send = _chunk_sender(executor, fn, runner)
             # Holding fn keeps the objects same_function compares alive for

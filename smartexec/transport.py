@@ -57,6 +57,7 @@ from ._remote import (
     ChunkResult,
     OwnCalls,
     own_arguments,
+    own_calls,
     pack_calls,
     remote_exception,
     run_chunk,
@@ -153,7 +154,7 @@ def dumps_request(
                 fn = cache.callable_ref(fn, lease)
             calls = cache.substitute(chunk, lease)
             if isinstance(chunk, OwnCalls) and not isinstance(calls, OwnCalls):
-                calls = OwnCalls(calls)  # (substitute copies it)
+                calls = own_calls(calls, chunk.snapshots)  # (substitute copies it)
             prune = cache.prune_info()
         elif isinstance(fn, CachedCallable):
             fn = fn.fn

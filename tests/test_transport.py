@@ -970,3 +970,20 @@ def test_a_result_held_elsewhere_or_viewing_other_memory_is_copied_as_it_is_retu
     base = np.arange(6.0)
     kept, view = _as_a_worker_returns(lambda: base[2:4])
     assert not kept and not np.shares_memory(view, base) and view.tolist() == [2.0, 3.0]
+
+
+def test_only_chunks_marked_for_it_copy_the_results_a_later_call_could_change():
+    from smartexec._remote import own_calls, pack_calls, run_chunk
+
+    held = [1]
+
+    def give(i):
+        return held
+
+    for snapshots in (False, True):
+        chunk = pack_calls(own_calls([((0,), {}), ((1,), {})], snapshots))
+        assert chunk.snapshots is snapshots
+        result = run_chunk(give, chunk, remote=True)
+        # A callable that only writes its own arguments (not marked) gets
+        # its results back as they are: copying each costs a pickle.
+        assert (result.outcomes[0][1] is held) is (not snapshots)

@@ -96,12 +96,13 @@ class Effects:
         return any(e.kind in ("argument", "unread") for e in self.found)
 
     def owns_calls(self) -> bool:
-        """Whether each call in a worker needs arguments and results of its own.
+        """Whether each call in a worker needs arguments of its own (and its results, see below).
 
         So when a call may write into its arguments, or into an object a
         later call reaches (or its code could not be read): a chunk's calls
-        travel as one pickle, and its results go back as one, after its
-        last call (see :class:`~smartexec._remote.OwnCalls`).
+        travel as one pickle. Its results go back as one, after its last
+        call: where :meth:`keeps_writes`, each is copied as it is returned
+        if a later call could change it (see :class:`~smartexec._remote.OwnCalls`).
         """
         return self.writes_arguments() or self.keeps_writes()
 
