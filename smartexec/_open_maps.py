@@ -13,6 +13,7 @@ import concurrent.futures
 import os
 import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -127,8 +128,9 @@ def _callers_level() -> int:
     """
     ours = (os.path.dirname(__file__), os.path.dirname(concurrent.futures.__file__))
     level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(ours):
-        level, frame = level + 1, frame.f_back
+    found: types.FrameType | None = frame
+    while found is not None and found.f_code.co_filename.startswith(ours):
+        level, found = level + 1, found.f_back
     return level
 
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -142,8 +143,9 @@ def _keep_recursion_headroom() -> None:
     parent's limit to itself, as in a fresh interpreter.
     """
     depth, frame = 0, sys._getframe()
-    while frame is not None:
-        depth, frame = depth + 1, frame.f_back
+    found: types.FrameType | None = frame
+    while found is not None:
+        depth, found = depth + 1, found.f_back
     sys.setrecursionlimit(sys.getrecursionlimit() + depth + SERVING_FRAMES)
 
 
