@@ -12,10 +12,12 @@ import functools
 import hashlib
 import heapq
 import inspect
+import itertools
 import os
 import random
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -712,3 +714,42 @@ def test_a_changing_method_taken_as_a_value_or_through_its_type_writes_its_objec
 
 def test_a_changing_method_of_a_local_taken_as_a_value_changes_nothing_shared():
     assert routes(appends_to_its_own_list) == (True, True), effects_of(appends_to_its_own_list)
+
+
+_IDS = itertools.count()
+_STATS = types.SimpleNamespace(calls=0)
+_TABLE: dict = {}
+
+
+def takes_an_id(i):
+    for n in _IDS:
+        return n
+
+
+def zips_ids(i):
+    return min(zip(_IDS, [i]))
+
+
+def counts_through_object_setattr(i):
+    object.__setattr__(_STATS, "calls", _STATS.calls + 1)
+    return i
+
+
+def fills_under_a_rebound_key(i):
+    key = -1
+    if key not in _TABLE:
+        key = i
+        _TABLE[key] = i
+    return i
+
+
+@pytest.mark.parametrize(
+    "fn", [takes_an_id, zips_ids, counts_through_object_setattr, fills_under_a_rebound_key]
+)
+def test_writes_a_second_helper_found_are_writes(fn):
+    # Each changed the caller's module state from a loop here (found by a
+    # helper trying to break it): a module-level iterator is advanced by any
+    # use, a slot wrapper's setter writes its object, and a "fill" whose key
+    # is rebound under its test stores what only this call would.
+    assert kinds(fn) == {"shared"}, effects_of(fn)
+    assert routes(fn) == (False, False)

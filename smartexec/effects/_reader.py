@@ -62,6 +62,28 @@ from ._tables import (
 # --- reading ----------------------------------------------------------------
 
 
+#: Slot wrappers that change their object (``object.__setattr__(obj, k, v)``).
+_SETTING_DUNDERS = frozenset({"__setattr__", "__delattr__", "__setitem__", "__delitem__"})
+
+
+def _key_names(text: str) -> set[str]:
+    """The names a fill's target (``_C[k]``, ``_X``) is keyed by: all but a bare name itself."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:  # pragma: no cover - unparsed from the tree
+        return set()
+    if isinstance(tree, ast.Name):
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - _root_names(tree)
+
+
+def _root_names(tree: ast.expr) -> set[str]:
+    """The name a subscript or attribute chain starts from (``_C`` in ``_C[k]``)."""
+    while isinstance(tree, (ast.Subscript, ast.Attribute)):
+        tree = tree.value
+    return {tree.id} if isinstance(tree, ast.Name) else set()
+
+
 class Reader:
     """Reads functions for effects, into one :class:`Budget`."""
 
@@ -273,7 +295,15 @@ class FunctionReader:
 
     def visit_If(self, node: ast.If) -> None:
         self.ref(node.test)
-        self.fills.append(missing(node.test))
+        # A fill stores what any call would only while what it is keyed by
+        # stays as tested: `if k not in _C: k = i; _C[k] = i` is no fill.
+        rebound = {
+            name.id
+            for stmt in node.body
+            for name in ast.walk(stmt)
+            if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
+        }
+        self.fills.append({t for t in missing(node.test) if not (_key_names(t) & rebound)})
         self.block(node.body)
         self.fills.pop()
         self.block(node.orelse)
@@ -387,17 +417,21 @@ class FunctionReader:
         """What ``expr``'s value may refer to; records the writes and calls in it."""
         scope = self.scope
         if isinstance(expr, ast.Name):
+            found = scope.lookup(expr.id)
             if self.record and expr.id not in scope.locals:
                 self.thread_state(expr)
-            return scope.lookup(expr.id)
+                self.consumes(expr, found)
+            return found
         if isinstance(expr, ast.Attribute):
             owner = scope.value(expr.value)
             if isinstance(owner, types.ModuleType):
                 value = static_attribute(owner, expr.attr)
                 if value is not MISSING:
+                    found = object_ref(value, f"module-level `{dotted(expr)}`")
                     if self.record:
                         self.thread_state(expr)
-                    return object_ref(value, f"module-level `{dotted(expr)}`")
+                        self.consumes(expr, found)
+                    return found
             if expr.attr in MUTATING_METHODS:
                 # A method that changes its object, taken as a value: whoever
                 # calls it writes the object (`list(map(rows.append, xs))`).
@@ -522,6 +556,20 @@ class FunctionReader:
                     f"calls {what}, which it cannot see into", self.where(node)
                 )
         return NOTHING
+
+    def consumes(self, expr: ast.Name | ast.Attribute, found: Ref) -> None:
+        """A module-level iterator (``itertools.count()``, a generator, a file): any use may advance it.
+
+        ``for n in _IDS``, ``zip(_IDS, xs)``, ``next(iter(_IDS))``: each takes
+        items another call would have had.
+        """
+        value = self.scope.value(expr)
+        if (
+            value is not MISSING
+            and not isinstance(value, type)
+            and hasattr(type(value), "__next__")
+        ):
+            self.write(found, " (an iterator: using it takes its items)", expr)
 
     def of_type(self, expr: ast.expr) -> bool:
         """Whether ``expr`` is ``type(...)``: a class, whose methods take their object first."""
@@ -777,7 +825,8 @@ class FunctionReader:
             receiver = object_ref(owner, f"the object `{name}` is bound to")
             return self.method_call(getattr(callee, "__name__", ""), receiver, call, node, owner)
         if isinstance(callee, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-            if getattr(callee, "__name__", "") in MUTATING_METHODS and call.args:
+            changing = MUTATING_METHODS | _SETTING_DUNDERS
+            if getattr(callee, "__name__", "") in changing and call.args:
                 self.write(call.args[0], f" (`{name}`)", node)
             return NOTHING
         if (
