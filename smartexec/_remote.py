@@ -263,24 +263,29 @@ def snapshot(value: Any) -> Any:
     """``value``, or a copy of it as it is now when a later call could change it; run in a worker.
 
     A chunk's results are pickled together once its last call returns. A
-    result that is also held elsewhere (a module-level buffer the callable
-    fills and returns, a cached object) or that views another array's
-    memory would go back as the last call left it: 1,000 calls that filled
-    and returned one module-level array came back as 17 distinct rows
-    (one per chunk), where a ``ProcessPoolExecutor`` (``chunksize=1``)
+    result that holds what a later call writes (a module-level buffer the
+    callable fills and returns, alone or in a tuple, a dict or an object of
+    its own) would go back as the last call left it: 1,000 calls that
+    filled and returned one module-level array came back as 17 distinct
+    rows (one per chunk), where a ``ProcessPoolExecutor`` (``chunksize=1``)
     pickles each as it is returned. Used for callables whose calls may
-    write what a later call reaches (see :class:`OwnCalls`); a fresh
-    result is returned as it is.
+    write what a later call reaches (see :class:`OwnCalls`): each result is
+    copied (a pickle round trip) but for what no call can change, and a
+    numpy array only this call holds that owns its numbers.
     """
     if type(value) in _IMMUTABLE:
         return value
-    view = type(value).__module__ == "numpy" and getattr(value, "base", None) is not None
-    if view or sys.getrefcount(value) > _FRESH_REFERENCES:
-        try:
-            return _copy(value)
-        except Exception:  # it cannot be pickled: the reply says so, as it would have
-            return value
-    return value
+    if (
+        type(value).__module__ == "numpy"
+        and getattr(value, "base", False) is None
+        and not value.dtype.hasobject
+        and sys.getrefcount(value) <= _FRESH_REFERENCES
+    ):
+        return value  # a new array of numbers: nothing else reaches it
+    try:
+        return _copy(value)
+    except Exception:  # it cannot be pickled: the reply says so, as it would have
+        return value
 
 
 def own_arguments(calls: Sequence[Call] | PackedCalls) -> Sequence[Call] | PackedCalls:

@@ -120,6 +120,12 @@ def fill_and_return(i):
     return _ROW
 
 
+def fill_and_return_boxed(i):
+    """The same row, returned in a new tuple."""
+    _ROW[0], _ROW[1] = i, i * i
+    return (_ROW,)
+
+
 @pytest.mark.parametrize("options", [{"prefer": "processes"}, {}])
 def test_a_result_a_later_call_changes_goes_back_as_it_was_returned(options):
     # A chunk's results are pickled after its last call: 1,000 calls that
@@ -127,8 +133,10 @@ def test_a_result_a_later_call_changes_goes_back_as_it_was_returned(options):
     # ProcessPoolExecutor pickles each result as it is returned.
     with SmartExecutor(2, **options) as ex:
         rows = list(ex.map(fill_and_return, range(1000)))
+        boxed = list(ex.map(fill_and_return_boxed, range(1000)))
         log = "\n".join(map(str, ex.decisions()))
     assert rows == [[i, i * i] for i in range(1000)], log
+    assert boxed == [([i, i * i],) for i in range(1000)], log
 
 
 @pytest.mark.parametrize("n", [1, 10, 20_000])
