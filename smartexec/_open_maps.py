@@ -9,9 +9,9 @@ every map's chunks already sent finish whole.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import sys
+import sysconfig
 import threading
 import types
 import warnings
@@ -121,12 +121,14 @@ class OpenMaps:
 
 
 def _callers_level() -> int:
-    """The ``stacklevel`` of the first frame outside smartexec and ``concurrent.futures``.
+    """The ``stacklevel`` of the first frame outside smartexec and the standard library.
 
     A shutdown comes from the user's ``with`` block (through two
-    ``__exit__`` methods) or from a call of ``shutdown()``.
+    ``__exit__`` methods, or a ``contextlib.ExitStack``'s) or from a call of
+    ``shutdown()``: the first frame outside smartexec and the standard
+    library is the user's.
     """
-    ours = (os.path.dirname(__file__), os.path.dirname(concurrent.futures.__file__))
+    ours = (os.path.dirname(__file__), sysconfig.get_paths()["stdlib"])
     level, frame = 1, sys._getframe(1)
     found: types.FrameType | None = frame
     while found is not None and found.f_code.co_filename.startswith(ours):

@@ -644,7 +644,9 @@ def open_stream(
                 )
             except RuntimeError as exc:
                 owner = executor()
-                if owner is None or owner._shutdown:
+                if owner is None:
+                    raise RuntimeError(_SENT_AFTER_COLLECTED) from exc
+                if owner._shutdown:
                     raise RuntimeError(_SENT_AFTER_SHUTDOWN) from exc
                 raise
             if on_send is not None:
@@ -692,6 +694,15 @@ _SENT_AFTER_SHUTDOWN = (
     "are read, and the executor shut down before they were all read (a map over an input "
     "of unknown length, or given a buffersize, is not read on at shutdown). Read a map's "
     "results before the executor shuts down (inside its with block), or pass a list"
+)
+
+
+#: The same, when the executor was dropped (garbage-collected) unshut.
+_SENT_AFTER_COLLECTED = (
+    "cannot schedule new futures after shutdown: this map sends its items as its results "
+    "are read, and its executor was garbage-collected before they were all read (nothing "
+    "else referred to it). Keep a reference to the executor, or use it in a with block, "
+    "until its maps are read, or pass a list"
 )
 
 

@@ -10,6 +10,8 @@ lazy behaviour: nothing more is sent, and nothing hangs.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import os
 import threading
@@ -373,3 +375,26 @@ def test_shutdown_does_not_wait_for_a_map_still_reading_its_first_input(backend)
     release.set()
     thread.join(20)
     assert "shutdown" in str(outcome.get("error")), outcome
+
+
+def _a_read_map_of_a_dropped_executor():
+    ex = SmartExecutor(2, backend="fork")
+    results = ex.map(square, (x for x in range(5000)))
+    assert next(results) == 0
+    return results
+
+
+def test_a_map_whose_executor_was_collected_says_so():
+    # A second helper's: the message spoke of a shutdown the user never called.
+    results = _a_read_map_of_a_dropped_executor()
+    gc.collect()
+    with pytest.raises(RuntimeError, match="its executor was garbage-collected"):
+        list(results)
+
+
+def test_the_shutdown_warning_points_at_the_users_line_through_an_exit_stack():
+    with pytest.warns(RuntimeWarning, match="unknown length") as caught:
+        with contextlib.ExitStack() as stack:
+            ex = stack.enter_context(SmartExecutor(2, backend="fork"))
+            ex.map(square, (x for x in range(5000)))
+    assert [w.filename for w in caught] == [__file__]
