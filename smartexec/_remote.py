@@ -527,10 +527,12 @@ def run_chunk(
     try:
         if key is not None and run.sampler is None:
             run.watch_midway(entries, start)
-        else:
+        elif len(entries) > 1:
             items = iter(entries)
             if not run.first_item(items):
                 run.items(items)
+        else:  # one call (a submit): it is its own first call, not timed apart
+            run.items(entries)
     finally:
         wall = time.perf_counter() - start - run.paused
         cpu = time.thread_time() - run.cpu_start - run.paused_cpu if clock_cpu else -1.0

@@ -127,9 +127,11 @@ def _worker_main(
             blas_cap = None
 
 
-#: Frames between the worker loop and the callable: serve_request,
-#: run_chunk, the chunk's run (its watch, its first item, the rest) and its loop.
-SERVING_FRAMES = 6
+#: Frames between the worker loop and the callable in a chunk of one call
+#: (a map's first chunks, a submit): serve_request, run_chunk, the chunk's
+#: run and its loop. In a bigger chunk, its first item (watched) runs one
+#: frame deeper, its later ones one shallower.
+SERVING_FRAMES = 5
 
 #: Frames a ``ProcessPoolExecutor`` fork worker runs a call under, beyond
 #: those of the code that called ``map``: 17 on Python 3.10 and 3.11, 15
