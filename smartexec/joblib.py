@@ -102,6 +102,11 @@ class _Batch:
         self.own = own
         self.snapshots = snapshots
 
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        """The function it calls (what :mod:`smartexec._module_reads` follows)."""
+        return self.fn
+
     def __call__(
         self, layout: tuple[tuple[int, tuple[str, ...]], ...], /, *values: Any
     ) -> list[Any]:

@@ -211,6 +211,13 @@ def installed_paths() -> tuple[str, ...]:
 INSTALLED = installed_paths()
 
 
+@functools.lru_cache(maxsize=4096)
+def _installed(name: str) -> bool:
+    """Whether the file ``name`` lies under the standard library's or the packages' paths."""
+    path = os.path.realpath(name)
+    return any(path.startswith(p) for p in INSTALLED)
+
+
 def user_code(code: types.CodeType) -> bool:
     """Whether ``code`` is the user's own (read), not the standard library's or a package's."""
     name = code.co_filename
@@ -218,8 +225,7 @@ def user_code(code: types.CodeType) -> bool:
         return False
     if name.startswith("<"):
         return True  # <stdin>, <string>, a notebook cell: the user's, source permitting
-    path = os.path.realpath(name)
-    return not any(path.startswith(p) for p in INSTALLED)
+    return not _installed(name)
 
 
 def user_module(module: types.ModuleType) -> bool:
@@ -229,8 +235,7 @@ def user_module(module: types.ModuleType) -> bool:
         return module.__name__ == "__main__"  # an interactive session's
     if module.__name__.split(".")[0] in sys.stdlib_module_names:
         return False
-    path = os.path.realpath(name)
-    return not any(path.startswith(p) for p in INSTALLED)
+    return not _installed(name)
 
 
 def stdlib_type(cls: type) -> bool:

@@ -21,6 +21,8 @@ from smartexec import SmartExecutor, transport
 from smartexec.backends.fork import _backend as fork_backend
 from smartexec.tuning import digest_pays
 
+from . import _module_values
+
 pytestmark = pytest.mark.timeout(180)
 
 MiB = 1 << 20
@@ -350,3 +352,141 @@ def test_a_queued_submit_runs_on_the_state_at_its_call(trigger):
             assert list(ex.map(other.f, [1])) == [1]
         assert busy.result(timeout=60) == -1
         assert queued.result(timeout=60) == 1
+
+
+# -- module-level values a pickled function reads in a forked worker ----------
+
+
+def _rebind_scale(n):
+    _module_values.SCALE = n
+
+
+def _change_config(n):
+    _module_values.CONFIG["factor"] = n
+
+
+def _change_class(n):
+    _module_values.Settings.factor = n
+
+
+def _change_table(n):
+    _module_values.TABLE[0] = n
+
+
+def _by_module_attribute(x):
+    return _module_values.SCALE * x  # a function of this module: sent by value
+
+
+CHANGES = {
+    "rebound": (_module_values.scaled, _rebind_scale),
+    "changed in place": (_module_values.configured, _change_config),
+    "class attribute": (_module_values.by_class, _change_class),
+    "big array changed in place": (_module_values.tabled, _change_table),
+    "through a helper": (_module_values.through_a_helper, _rebind_scale),
+    "through a module attribute": (_by_module_attribute, _rebind_scale),
+}
+
+
+@pytest.fixture
+def module_values():
+    yield
+    _rebind_scale(1)
+    _change_config(1)
+    _change_class(1)
+    _change_table(1)
+
+
+@pytest.mark.parametrize("case", CHANGES)
+@pytest.mark.parametrize("backend", ["fork", "loky"])
+def test_a_module_level_value_changed_between_maps_is_read_as_it_is_now(
+    backend, case, module_values
+):
+    # ProcessPoolExecutor's fork workers, reused, keep the values they forked
+    # with, and loky's import the module afresh; threads and a loop read the
+    # new one: a route must not decide.
+    fn, change = CHANGES[case]
+    with SmartExecutor(2, backend=backend) as ex, SmartExecutor(2, backend="thread") as threads:
+        for n in (3, 1, 3, 3, 5):
+            change(n)
+            expected = [fn(x) for x in range(8)]
+            assert list(ex.map(fn, range(8), chunksize=2)) == expected
+            assert ex.submit(fn, 7).result(timeout=60) == fn(7)
+            assert list(threads.map(fn, range(8))) == expected
+
+
+def test_maps_whose_reads_are_unchanged_reuse_their_pool(module_values):
+    one, two = _module_values.scaled, _module_values.configured
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(one, range(4))) == [0, 1, 2, 3]
+        assert list(ex.map(two, range(4))) == [0, 1, 2, 3]  # one new pool: records both
+        pool = ex._backends["fork"]._pool
+        for _ in range(3):  # alternating maps of both, nothing changed: no new pool
+            assert list(ex.map(one, range(4))) == [0, 1, 2, 3]
+            assert ex.submit(two, 2).result(timeout=60) == 2
+        assert ex._backends["fork"]._pool is pool
+        _change_config(2)
+        assert list(ex.map(one, range(4))) == [0, 1, 2, 3]  # reads no CONFIG
+        assert ex._backends["fork"]._pool is pool
+        assert list(ex.map(two, range(4))) == [0, 2, 4, 6]
+        assert ex._backends["fork"]._pool is not pool
+
+
+def test_a_function_rebound_by_its_name_runs_as_the_caller_holds_it(module_values):
+    # By reference a worker looks the function up by name, and would find the
+    # one it forked with: the caller's object is what must run.
+    old = _module_values.scaled
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(old, range(4))) == [0, 1, 2, 3]
+        _module_values.scaled = _module_values.negated
+        try:
+            assert list(ex.map(_module_values.scaled, range(4))) == [0, -1, -2, -3]
+            assert list(ex.map(old, range(4))) == [0, 1, 2, 3]
+        finally:
+            _module_values.scaled = old
+
+
+def test_a_value_that_cannot_be_hashed_proves_nothing(module_values, monkeypatch):
+    # A lock cannot be pickled, so its digest fails: no pool is proven
+    # current for a function reading it, and each map forks a new one.
+    import threading
+
+    monkeypatch.setattr(_module_values, "CONFIG", {"factor": 1, "lock": threading.Lock()})
+    with SmartExecutor(2, backend="fork") as ex:
+        pools = []
+        for _ in range(3):
+            assert list(ex.map(_module_values.configured, range(4))) == [0, 1, 2, 3]
+            pools.append(ex._backends["fork"]._pool)
+        assert len({id(p) for p in pools}) == 3
+
+
+class ScaledHolder(Holder):
+    def scaled(self, x):
+        return _module_values.scaled(x) + self.attribute
+
+
+def test_a_shared_objects_submit_reads_module_values_as_they_are_now(
+    proof_by_digest, module_values
+):
+    # Its digest proves the object unchanged; the module its method reads
+    # changed beside it.
+    holder = ScaledHolder()
+    with SmartExecutor(2, backend="fork") as ex:
+        assert ex.explain(holder.scaled).share
+        assert ex.submit(holder.scaled, 2).result(timeout=60) == 3.0
+        assert ex.submit(holder.scaled, 2).result(timeout=60) == 3.0
+        pool = ex._backends["fork"]._pool
+        _rebind_scale(10)
+        assert ex.submit(holder.scaled, 2).result(timeout=60) == 21.0
+        assert ex._backends["fork"]._pool is not pool
+        assert list(ex.map(holder.scaled, [1, 2])) == [11.0, 21.0]
+
+
+def test_a_loky_worker_keeps_the_cache_its_callable_fills_and_its_own_lock(module_values):
+    # The caller's values are set as a chunk is unpickled, but for a name the
+    # callable's own code rebinds (a cache it fills) and what cannot be
+    # pickled: resetting the cache would rebuild it for every chunk.
+    with SmartExecutor(2, backend="loky") as ex:
+        fills = set(ex.map(_module_values.filled, range(40), chunksize=1))
+        assert len(fills) <= 2  # one per worker, not one per chunk
+        _rebind_scale(4)
+        assert list(ex.map(_module_values.locked, range(4))) == [0, 4, 8, 12]

@@ -27,6 +27,13 @@ Data flow (one *pool* = one generation of workers, forked from one snapshot)::
   the current pool runs no call (:func:`smartexec.tuning.digest_pays`). The old pool finishes the
   chunks already running on it, then stops, and the new one takes over
   those queued; while both run, up to twice ``max_workers`` processes exist.
+* A pickled callable (``helpers.scale``) runs in a worker on that worker's
+  copy of its modules. A pool serves its ``map`` or ``submit`` only while
+  the module-level values it reads by name are those the pool recorded as
+  it forked (:mod:`smartexec._module_reads`: the same objects, and a digest
+  of mutable ones); otherwise a new pool forks, as for a shared callable.
+  A new pool records what the callables run lately read, so maps of a few
+  callables alternating on one executor share it.
 * ``submit_chunk`` returns at once: it queues the chunk's task, then pickles
   it in the submitting thread when it is plain data, or on the backend's
   sender thread (:mod:`smartexec._sender`), in order. A payload that cannot

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ... import _fingerprint, _initializer, _object_cache, trampoline, transport
+from ... import _fingerprint, _initializer, _module_reads, _object_cache, trampoline, transport
 from ..._blas import (
     threads_per_worker,
 )
@@ -38,36 +38,50 @@ from ._pool import _ForkPool
 #: Shared callables that cannot be weakly referenced, kept for reuse at most.
 MAX_STRONG_SHARED = 8
 
+#: Pickled callables whose module-level reads a new pool records as it forks
+#: (the most recent): maps of these alternating on one executor reuse a pool.
+MAX_PLAIN_KNOWN = 8
+
+#: Seconds under which a digest of what a callable reads is taken at each fork.
+CHEAP_DIGEST_S = 0.001
+
 #: Set once the exit hook (:func:`_shutdown_all_pools`) has begun: no new pool starts.
 _EXITING = False
 
 
 class _Prepared:
-    """What :meth:`ForkBackend.prepare` returns for a shared callable.
+    """What :meth:`ForkBackend.prepare` returns for a call that must run on a current snapshot.
 
     Attributes:
-        ref: the trampoline reference chunks carry.
+        ref: what chunks carry: the trampoline reference of a shared
+            callable, or the callable itself.
         fn: the user's callable (kept alive while the call runs).
         since: the backend's epoch when ``map``/``submit`` was called: only a
             pool born later holds a current snapshot; None when the current
-            pool's snapshot was proven current by digest.
-        digest: the state's digest at that moment (a submit), recorded by
-            the pool forked for it; None when unknown.
+            pool's snapshot was proven current.
+        digest: a shared callable's state's digest at that moment (a
+            submit), recorded by the pool forked for it; None when unknown.
+        reads: the module-level values it reads at that moment
+            (:mod:`smartexec._module_reads`), recorded by the pool forked
+            for it, under ``key``.
     """
 
-    __slots__ = ("ref", "fn", "since", "digest", "pool", "_unbind", "__weakref__")
+    __slots__ = ("ref", "fn", "since", "digest", "reads", "key", "pool", "_unbind", "__weakref__")
 
     def __init__(
         self,
-        ref: trampoline.SharedRef,
+        ref: Any,
         fn: Any,
         since: int | None,
         digest: bytes | None = None,
+        reads: _module_reads.State | None = None,
     ):
         self.ref = ref
         self.fn = fn
         self.since = since
         self.digest = digest
+        self.reads = reads
+        self.key = identity_key(fn)
         self.pool: _ForkPool | None = None  # the pool whose snapshot this call runs on
         self._unbind: weakref.finalize[Any, Any] | None = None
 
@@ -89,6 +103,16 @@ class _Entry:
         self.token = token
         self.handle = handle
         self.digest_s: float | None = None  # seconds, this process
+
+
+class _Known:
+    """A pickled callable run lately, and what the digest of the values it reads last cost."""
+
+    __slots__ = ("handle", "reads_s")
+
+    def __init__(self, handle: WeakCallable):
+        self.handle = handle
+        self.reads_s: float | None = None  # seconds, this process (_module_reads)
 
 
 class ForkBackend(Backend):
@@ -146,6 +170,7 @@ class ForkBackend(Backend):
         self._cpu_count = cpu_count
         self._lock = threading.RLock()
         self._entries: dict[Hashable, _Entry] = {}
+        self._plain_entries: dict[Hashable, _Known] = {}  # pickled callables, oldest first
         self._pool: _ForkPool | None = None
         self._retired: list[_ForkPool] = []
         self._closed = False
@@ -170,18 +195,78 @@ class ForkBackend(Backend):
         return None
 
     def prepare(self, fn: Any, share: bool) -> Any:
-        """For a ``map``: a shared callable runs on a pool forked after this call.
+        """For a ``map``: run on a snapshot as new as this call, or one proven the same.
 
-        Checking that an existing pool's snapshot is current would cost a
-        digest of the whole state (40-80 ms per 100 MB); forking a new pool
-        costs about a millisecond per 100 MB mapped, so a map always gets a
-        fresh snapshot. Its chunks all use that snapshot.
+        A shared callable runs on a pool forked after this call: checking
+        that an existing pool's snapshot is current would cost a digest of
+        the whole state (40-80 ms per 100 MB); forking a new pool costs
+        about a millisecond per 100 MB mapped. A pickled callable runs on
+        the current pool while the module-level values it reads there are
+        proven to be the ones it reads here (:meth:`_plain`); otherwise on a
+        pool forked after this call. Either way its chunks all use one
+        snapshot.
         """
         if not share:
-            return fn
+            return self._plain(fn)
         with self._lock:
             token = self._token(fn)
             return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, next(self._epochs))
+
+    def _plain(self, fn: Any) -> Any:
+        """``fn`` itself while the current pool reads what it reads here; else a :class:`_Prepared`.
+
+        A function pickled by reference runs in a worker on the worker's
+        copy of its module: a value the caller rebound or changed in place
+        since that pool forked (``helpers.SCALE = 10``) would be read there
+        as it was. The values it reads by name are compared with those the
+        pool recorded before it forked (:mod:`smartexec._module_reads`:
+        identity, and a digest of mutable ones while the digest costs less
+        than a fork, :func:`smartexec.tuning.digest_pays`).
+        """
+        with self._lock:
+            entry = self._plain_entry(fn)
+            pool = self._pool
+            busy = pool is not None and pool.usable and pool.bound_calls > 0
+            digest = digest_pays(entry.reads_s, self._fork_s, busy)
+        reads = _module_reads.state_of(fn, digest=digest)
+        if not reads.reads:
+            return fn
+        if reads.digest_s:
+            entry.reads_s = reads.digest_s
+        with self._lock:
+            pool = self._pool
+            if pool is not None and pool.usable and reads.same_as(pool.reads):
+                return fn
+            return _Prepared(fn, fn, next(self._epochs), reads=reads)
+
+    def _plain_entry(self, fn: Any) -> _Known:
+        """Pickled callable ``fn``'s entry, made on first use (under the lock); the newest kept."""
+        key = identity_key(fn)
+        entry = self._plain_entries.pop(key, None)
+        if entry is None or not entry.handle.matches(fn):
+            entry = _Known(WeakCallable(fn))
+        self._plain_entries[key] = entry  # last: the most recent
+        while len(self._plain_entries) > MAX_PLAIN_KNOWN:
+            del self._plain_entries[next(iter(self._plain_entries))]
+        return entry
+
+    def _reads_now(self, first: _Prepared | None) -> _module_reads.Record:
+        """What the callables run lately read now, for a pool about to fork (under the lock).
+
+        Taken before the fork: a value changed in between leaves the pool
+        newer than its record, which proves nothing stale. Mutable values
+        are hashed only where their last digest took under a millisecond.
+        """
+        record: _module_reads.Record = {}
+        for key, entry in list(self._plain_entries.items()):
+            fn = entry.handle.get()
+            if fn is None or (first is not None and key == first.key):
+                continue
+            cheap = entry.reads_s is not None and entry.reads_s < CHEAP_DIGEST_S
+            record.update(_module_reads.state_of(fn, digest=cheap).record())
+        if first is not None and first.reads is not None:
+            record.update(first.reads.record())
+        return record
 
     def prepare_call(self, fn: Any, share: bool) -> Any:
         """For a ``submit``: reuse the current pool when a digest proves its snapshot current.
@@ -197,7 +282,7 @@ class ForkBackend(Backend):
         current ones: :func:`smartexec.tuning.digest_pays`).
         """
         if not share:
-            return fn
+            return self._plain(fn)
         with self._lock:
             entry = self._entry(fn)
             pool = self._pool
@@ -211,6 +296,8 @@ class ForkBackend(Backend):
             except Exception:
                 pass
             entry.digest_s = time.perf_counter() - start
+        # Its code reads the worker's copy of its modules too.
+        reads = _module_reads.state_of(fn, shared=True, digest=digest is not None)
         with self._lock:
             token = entry.token
             pool = self._pool
@@ -221,9 +308,11 @@ class ForkBackend(Backend):
                 and pool.usable
                 and token in pool.covered
                 and pool.digests.get(token) == digest
+                and (not reads.reads or reads.same_as(pool.reads))
             ):
                 since = None
-            return _Prepared(trampoline.SharedRef(token, callable_name(fn)), fn, since, digest)
+            ref = trampoline.SharedRef(token, callable_name(fn))
+            return _Prepared(ref, fn, since, digest, reads if reads.reads else None)
 
     def _token(self, fn: Any) -> int:
         """The trampoline token of shared callable ``fn`` (under the lock)."""
@@ -285,14 +374,16 @@ class ForkBackend(Backend):
         since: int | None = None,
         digest: bytes | None = None,
         first: _Task | None = None,
+        prepared: _Prepared | None = None,
     ) -> _ForkPool:
         """The pool to run on: one that inherited ``token`` after epoch ``since``.
 
         Starts a new pool when the current one cannot serve (none, stopping,
         ``token`` not inherited, or forked before ``since``); the old one runs
-        its queued chunks out. A new pool records ``digest`` for ``token``,
-        and may take ``first`` at its start (:attr:`_ForkPool.took_first`:
-        then it must not be submitted).
+        its queued chunks out. A new pool records ``digest`` for ``token``
+        and what the callables run lately read (``prepared``'s too) as it
+        forks (:meth:`_reads_now`), and may take ``first`` at its start
+        (:attr:`_ForkPool.took_first`: then it must not be submitted).
         """
         with self._lock:
             self._box.raise_if_broken()
@@ -316,6 +407,7 @@ class ForkBackend(Backend):
                     pool.retire()
                     self._retired = [p for p in self._retired if not p.done] + [pool]
                 born = next(self._epochs)  # taken before the fork: no later call is older
+                reads = self._reads_now(prepared)
                 start = time.perf_counter()
                 pool = self._pool = _ForkPool(
                     self.max_workers,
@@ -328,6 +420,7 @@ class ForkBackend(Backend):
                     first=first,
                 )
                 pool.born = born
+                pool.reads = reads
                 self._fork_s = time.perf_counter() - start
                 if token is not None and digest is not None:
                     pool.digests[token] = digest
@@ -354,9 +447,12 @@ class ForkBackend(Backend):
         """
         since: int | None = None
         digest: bytes | None = None
-        if isinstance(fn, _Prepared):
+        if isinstance(fn, _Prepared) and isinstance(fn.ref, trampoline.SharedRef):
             target, keepalive, token = fn.ref, fn.fn, fn.ref.token
             name, since, digest, plain = fn.ref.name, fn.since, fn.digest, None
+        elif isinstance(fn, _Prepared):  # pickled, on a snapshot as new as its call
+            target, keepalive, token, name, plain = fn.fn, fn.fn, None, callable_name(fn.fn), fn.fn
+            since = fn.since
         else:
             target, keepalive, token, name, plain = fn, None, None, callable_name(fn), fn
         calls = copy_calls(chunk)  # an OwnCalls chunk stays one
@@ -392,7 +488,7 @@ class ForkBackend(Backend):
                     # Every chunk of one call (a map's, a retry) on one snapshot.
                     pool = fn.pool
                     if pool is None or not pool.takes_pinned:
-                        pool = self._pool_covering(token, since, digest, task)
+                        pool = self._pool_covering(token, since, digest, task, fn)
                         fn.bind(pool)
                     if task.pool is None:  # not taken by a new pool at its start
                         pool.submit(task, pinned=True)

@@ -19,6 +19,7 @@ from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from ... import _initializer, transport
+from ..._module_reads import Record
 from ..._remote import ChunkResult
 from ..._sender import PAUSE_TIMEOUT_S
 from ..._threads import own_thread
@@ -113,6 +114,9 @@ class _ForkPool:
         self.born = 0
         #: token -> digest of that object's state when this pool forked, when known.
         self.digests: dict[int, bytes] = {}
+        #: The module-level values the callables run lately read, as they
+        #: were before this pool forked (see :mod:`smartexec._module_reads`).
+        self.reads: Record = {}
         objects = live_objects()
         self.covered = frozenset(objects)
         self._forker = _Forker(blas_threads)
