@@ -30,8 +30,6 @@ serves a call that took the other.
 from __future__ import annotations
 
 import functools
-import importlib
-import pickle
 import sys
 import time
 import types
@@ -40,16 +38,23 @@ from collections.abc import Iterator
 from dis import get_instructions
 from typing import Any
 
-import cloudpickle
-
 from . import _fingerprint
 from .effects._tables import user_module
 from .inspection import pickles_by_reference
 
-__all__ = ["Record", "State", "state_of", "Sent", "sent_with_values", "MAX_FUNCTIONS"]
+__all__ = ["Record", "State", "state_of", "MAX_FUNCTIONS"]
 
 #: Most functions followed from one callable; past it nothing is proven current.
-MAX_FUNCTIONS = 64
+MAX_FUNCTIONS = 256
+
+#: Items of a module-level dict, list or tuple followed (functions kept in a table).
+MAX_ITEMS = 64
+
+#: Names through which code reaches its own module's names by string.
+_REFLECTION = frozenset({"globals", "vars", "__name__", "sys"})
+
+#: What calling a class runs.
+_CONSTRUCTION = frozenset({"__new__", "__init__", "__post_init__"})
 
 #: Most bytes of mutable values a proof hashes (~3 ms at 1.4 GB/s); past it a
 #: map of the callable forks a fresh pool, as a shared callable's map does.
@@ -75,7 +80,7 @@ _FIXED = (
 
 _MISSING = object()
 
-_Names = tuple[frozenset[str], frozenset[str], frozenset[str]]
+_Names = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]
 
 #: Names each code object loads and rebinds, by code (see :func:`_names`).
 _NAMES: dict[types.CodeType, _Names] = {}
@@ -83,13 +88,14 @@ _NAMES_KEPT = 2048
 
 
 def _names(code: types.CodeType) -> _Names:
-    """The module-level names ``code`` (and code nested in it) loads, the attribute names it loads, the module-level names it rebinds."""
+    """What ``code`` (and code nested in it) names: module-level names it loads, attributes it loads (and names it imports from a module), module-level names it rebinds, modules it imports."""
     known = _NAMES.get(code)
     if known is not None:
         return known
     names: set[str] = set()
     attrs: set[str] = set()
     stores: set[str] = set()
+    imports: set[str] = set()
     for sub in _codes(code):
         for ins in get_instructions(sub):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
@@ -98,9 +104,20 @@ def _names(code: types.CodeType) -> _Names:
                 attrs.add(ins.argval)
             elif ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
                 stores.add(ins.argval)
+            elif ins.opname == "IMPORT_NAME":
+                imports.add(ins.argval)
+            elif ins.opname == "IMPORT_FROM":
+                attrs.add(ins.argval)
+        # getattr(module, "NAME") and globals()["NAME"]: a name as a string.
+        attrs.update(c for c in sub.co_consts if isinstance(c, str) and c.isidentifier())
     if len(_NAMES) >= _NAMES_KEPT:
         _NAMES.clear()
-    known = _NAMES[code] = (frozenset(names), frozenset(attrs), frozenset(stores))
+    known = _NAMES[code] = (
+        frozenset(names),
+        frozenset(attrs),
+        frozenset(stores),
+        frozenset(imports),
+    )
     return known
 
 
@@ -120,6 +137,7 @@ class _Walk:
         self.bindings: dict[tuple[int, str], tuple[Any, str]] = {}
         self.seen: set[int] = set()
         self.rebound: set[tuple[int, str]] = set()  # bindings the code itself rebinds
+        self.entered: set[tuple[Any, ...]] = set()
         self.complete = True  # False: over MAX_FUNCTIONS, nothing proven
 
     def bind(self, holder: Any, name: str) -> Any:
@@ -128,6 +146,9 @@ class _Walk:
 
     def callable(self, fn: Any) -> None:
         while isinstance(fn, functools.partial):
+            for arg in (*fn.args, *fn.keywords.values()):
+                if callable(arg):  # pickled by reference: runs on the worker's modules
+                    self.callable(arg)
             fn = fn.func
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             self.function(fn.__func__)  # its object travels as it is; its class by name
@@ -137,6 +158,10 @@ class _Walk:
             self.callable(fn.__func__)
         elif isinstance(fn, types.FunctionType):
             self.function(fn)
+        elif isinstance(fn, type):  # a class called to make each result
+            if pickles_by_reference(fn):
+                self.bind(sys.modules[fn.__module__].__dict__, fn.__qualname__.split(".")[0])
+            self.klass(fn, _CONSTRUCTION)
         elif not isinstance(fn, _FIXED):
             # A callable instance: its class's __call__, found as Python finds it.
             call = next(
@@ -160,8 +185,13 @@ class _Walk:
         by_reference = self.shared or pickles_by_reference(fn)
         if pickles_by_reference(fn):  # the worker looks it up by name: a rebinding runs other code
             self.bind(module.__dict__, fn.__qualname__.split(".")[0])
-        names, attrs, stores = _names(fn.__code__)
+        names, attrs, stores, imports = _names(fn.__code__)
         self.rebound.update((id(fn.__globals__), name) for name in stores)
+        for imported in sorted(imports):  # an import in its body: the worker's module
+            if imported in sys.modules:
+                self.enter(sys.modules[imported], attrs)
+        if _REFLECTION & names:  # its own module reached as a whole: globals(), __name__
+            self.enter(module, attrs)
         for name in sorted(names):
             if name not in fn.__globals__:
                 continue  # a builtin
@@ -172,23 +202,60 @@ class _Walk:
             self.enter(value, attrs)
         for cell in fn.__closure__ or ():
             try:
-                self.enter(cell.cell_contents, attrs)
+                contents = cell.cell_contents
             except ValueError:  # an empty cell
-                pass
+                continue
+            if by_reference:  # its cells are the worker's copies too
+                self.bind(cell, "cell_contents")
+            self.enter(contents, attrs)
+        if by_reference:  # so are its default argument values
+            for name in ("__defaults__", "__kwdefaults__"):
+                if getattr(fn, name):
+                    self.bind(fn, name)
 
     def enter(self, value: Any, attrs: frozenset[str]) -> None:
         """Follow ``value``, reached by a function loading ``attrs``, to what it names."""
+        if (id(value), attrs) in self.entered:
+            return
+        self.entered.add((id(value), attrs))
         if isinstance(value, types.ModuleType):
             if user_module(value):
                 for attr in sorted(attrs & value.__dict__.keys()):
                     self.enter(self.bind(value.__dict__, attr), attrs)
         elif isinstance(value, type):
-            module = sys.modules.get(value.__module__)
-            if module is not None and user_module(module) and pickles_by_reference(value):
-                for attr in sorted(attrs & vars(value).keys()):
-                    self.callable(self.bind(value, attr))
+            self.klass(value, attrs)
+        elif isinstance(value, types.FunctionType) and value.__dict__:
+            for attr in sorted(attrs & value.__dict__.keys()):  # a function's own attributes
+                self.bind(value.__dict__, attr)
+            self.callable(value)
+        elif isinstance(value, (dict, list, tuple)):  # functions kept in a table
+            items = value.values() if isinstance(value, dict) else value
+            for item in list(items)[:MAX_ITEMS]:
+                if callable(item):
+                    self.enter(item, attrs)
         else:
             self.callable(value)
+            if not _fixed(value):  # an instance: its class's attributes and methods
+                self.klass(type(value), attrs)
+
+    def klass(self, cls: type, attrs: frozenset[str]) -> None:
+        """Follow the attributes named ``attrs`` of ``cls`` and its bases (the user's, by name)."""
+        if ("class", id(cls), attrs) in self.entered:
+            return
+        self.entered.add(("class", id(cls), attrs))
+        for base in cls.__mro__:
+            module = sys.modules.get(base.__module__)
+            if module is None or not user_module(module) or _ours(base.__module__):
+                continue
+            if not pickles_by_reference(base):
+                continue
+            for attr in sorted(attrs & vars(base).keys()):
+                value = self.bind(base, attr)
+                if isinstance(value, property):
+                    value = value.fget
+                self.callable(value)
+                if isinstance(value, types.FunctionType):  # its self.<name> reads
+                    self.klass(cls, _names(value.__code__)[1])
 
 
 def _ours(module: str) -> bool:
@@ -197,8 +264,15 @@ def _ours(module: str) -> bool:
 
 
 def _value(holder: Any, name: str) -> Any:
-    space = holder if isinstance(holder, dict) else vars(holder)
-    return space.get(name, _MISSING)
+    """``name`` in a module's dict, a class's own namespace, or an attribute of a cell or function."""
+    if isinstance(holder, dict):
+        return holder.get(name, _MISSING)
+    if isinstance(holder, type):
+        return vars(holder).get(name, _MISSING)
+    try:
+        return getattr(holder, name)
+    except (AttributeError, ValueError):  # an empty cell
+        return _MISSING
 
 
 def _fixed(value: Any) -> bool:
@@ -335,77 +409,3 @@ def state_of(fn: Any, shared: bool = False, digest: bool = True) -> State:
     walk = _Walk(shared)
     walk.callable(fn)
     return State(walk, digest)
-
-
-# -- for workers that import their modules afresh (loky) ----------------------
-
-
-class Sent:
-    """A callable sent with the module-level values it reads, installed where it is unpickled.
-
-    A loky worker imports the user's modules afresh: it reads each value as
-    the module's own code set it, not as the caller has it now. Unpickled,
-    this sets each binding the callable reads by name to the caller's value
-    at the ``map`` or ``submit``, and gives back the callable itself (no
-    wrapper frame runs). Left out: modules (imported alike), bindings the
-    callable's own code rebinds (a cache it fills in its worker), and values
-    that cannot be pickled (the worker keeps its own, as before).
-
-    Attributes:
-        fn: the callable (or what stands for it in transit).
-        values: ``(module name or class, name, pickled value)`` triples.
-    """
-
-    __slots__ = ("fn", "values")
-
-    def __init__(self, fn: Any, values: tuple[tuple[Any, str, bytes], ...]):
-        self.fn = fn
-        self.values = values
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_install, (self.fn, self.values))
-
-
-def _install(fn: Any, values: tuple[tuple[Any, str, bytes], ...]) -> Any:
-    """In a worker: set the bindings ``values`` names, then return ``fn``."""
-    for where, name, pickled in values:
-        target = importlib.import_module(where) if isinstance(where, str) else where
-        setattr(target, name, pickle.loads(pickled))
-    return fn
-
-
-def sent_with_values(fn: Any) -> Any:
-    """``fn`` itself when it reads nothing by name that could differ in a fresh worker; else a :class:`Sent`.
-
-    Args:
-        fn: the user's callable, as a process backend is about to send it.
-
-    Returns:
-        ``fn``, or ``Sent(fn, values)`` holding the current values, pickled
-        now (once per ``map`` or ``submit``; cloudpickle, each value alone,
-        so one that cannot be pickled is left out).
-    """
-    walk = _Walk(shared=False)
-    walk.callable(fn)
-    values = []
-    for key, (holder, name) in walk.bindings.items():
-        value = _value(holder, name)
-        if key in walk.rebound or value is _MISSING or isinstance(value, types.ModuleType):
-            continue
-        where = _module_name(holder) if isinstance(holder, dict) else holder
-        if where is None:
-            continue
-        try:
-            pickled = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - the worker keeps its own copy
-            continue
-        values.append((where, name, pickled))
-    return Sent(fn, tuple(values)) if values else fn
-
-
-def _module_name(namespace: dict[str, Any]) -> str | None:
-    name = namespace.get("__name__")
-    module = sys.modules.get(name) if isinstance(name, str) else None
-    if module is None or module.__dict__ is not namespace or name == "__main__":
-        return None  # a worker's __main__ is not the caller's
-    return name

@@ -6,9 +6,7 @@ this module as it was when it forked.
 
 from __future__ import annotations
 
-import os
-import threading
-import time
+import functools
 
 import numpy as np
 
@@ -45,18 +43,43 @@ def negated(x):
     return -x
 
 
-_FILLED = None
-_LOCK = threading.Lock()
+class Base:
+    factor = 1
 
 
-def filled(x):
-    """Fills a module-level cache once per process: its worker's own."""
-    global _FILLED
-    if _FILLED is None:
-        _FILLED = (os.getpid(), time.monotonic_ns())
-    return _FILLED
+class Derived(Base):
+    def scaled(self, x):
+        return x * self.factor
 
 
-def locked(x):
-    with _LOCK:  # a lock cannot be pickled: each worker keeps its own
-        return x * SCALE
+DERIVED = Derived()
+TABLE_OF_FUNCTIONS = {"scale": scaled}
+
+
+def by_instance(x):
+    return DERIVED.scaled(x)  # a module-level instance; the attribute is its base class's
+
+
+def by_table(x):
+    return TABLE_OF_FUNCTIONS["scale"](x)
+
+
+def by_import_in_body(x):
+    from tests.scenarios._module_values import SCALE as scale
+
+    return x * scale
+
+
+def by_default(x, config=CONFIG):
+    return x * config["factor"]
+
+
+def by_name(x):
+    return x * globals()["SCALE"]
+
+
+def apply(fn, x):
+    return fn(x)
+
+
+by_partial = functools.partial(apply, scaled)

@@ -384,6 +384,15 @@ CHANGES = {
     "big array changed in place": (_module_values.tabled, _change_table),
     "through a helper": (_module_values.through_a_helper, _rebind_scale),
     "through a module attribute": (_by_module_attribute, _rebind_scale),
+    "an instance's inherited attribute": (
+        _module_values.by_instance,
+        lambda n: setattr(_module_values.Base, "factor", n),
+    ),
+    "a function kept in a table": (_module_values.by_table, _rebind_scale),
+    "an import in its body": (_module_values.by_import_in_body, _rebind_scale),
+    "a default argument changed in place": (_module_values.by_default, _change_config),
+    "a name as a string": (_module_values.by_name, _rebind_scale),
+    "a function given to a partial": (_module_values.by_partial, _rebind_scale),
 }
 
 
@@ -394,18 +403,15 @@ def module_values():
     _change_config(1)
     _change_class(1)
     _change_table(1)
+    _module_values.Base.factor = 1
 
 
 @pytest.mark.parametrize("case", CHANGES)
-@pytest.mark.parametrize("backend", ["fork", "loky"])
-def test_a_module_level_value_changed_between_maps_is_read_as_it_is_now(
-    backend, case, module_values
-):
+def test_a_module_level_value_changed_between_maps_is_read_as_it_is_now(case, module_values):
     # ProcessPoolExecutor's fork workers, reused, keep the values they forked
-    # with, and loky's import the module afresh; threads and a loop read the
-    # new one: a route must not decide.
+    # with; threads and a loop read the new one: a route must not decide.
     fn, change = CHANGES[case]
-    with SmartExecutor(2, backend=backend) as ex, SmartExecutor(2, backend="thread") as threads:
+    with SmartExecutor(2, backend="fork") as ex, SmartExecutor(2, backend="thread") as threads:
         for n in (3, 1, 3, 3, 5):
             change(n)
             expected = [fn(x) for x in range(8)]
@@ -480,13 +486,3 @@ def test_a_shared_objects_submit_reads_module_values_as_they_are_now(
         assert ex._backends["fork"]._pool is not pool
         assert list(ex.map(holder.scaled, [1, 2])) == [11.0, 21.0]
 
-
-def test_a_loky_worker_keeps_the_cache_its_callable_fills_and_its_own_lock(module_values):
-    # The caller's values are set as a chunk is unpickled, but for a name the
-    # callable's own code rebinds (a cache it fills) and what cannot be
-    # pickled: resetting the cache would rebuild it for every chunk.
-    with SmartExecutor(2, backend="loky") as ex:
-        fills = set(ex.map(_module_values.filled, range(40), chunksize=1))
-        assert len(fills) <= 2  # one per worker, not one per chunk
-        _rebind_scale(4)
-        assert list(ex.map(_module_values.locked, range(4))) == [0, 4, 8, 12]

@@ -40,7 +40,7 @@ MAX_STRONG_SHARED = 8
 
 #: Pickled callables whose module-level reads a new pool records as it forks
 #: (the most recent): maps of these alternating on one executor reuse a pool.
-MAX_PLAIN_KNOWN = 8
+MAX_PLAIN_KNOWN = 32
 
 #: Seconds under which a digest of what a callable reads is taken at each fork.
 CHEAP_DIGEST_S = 0.001
