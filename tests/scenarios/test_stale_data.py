@@ -486,3 +486,18 @@ def test_a_shared_objects_submit_reads_module_values_as_they_are_now(
         assert ex._backends["fork"]._pool is not pool
         assert list(ex.map(holder.scaled, [1, 2])) == [11.0, 21.0]
 
+
+def test_a_function_first_seen_on_a_running_pool_joins_it(module_values):
+    # The pool recorded, as it forked, every binding of the user's modules
+    # whose object is its whole state: a function reading only such bindings
+    # is proven current at once, and waits for those workers instead of
+    # forking a second pool beside them.
+    with SmartExecutor(2, backend="fork") as ex:
+        assert list(ex.map(_module_values.scaled, range(4))) == [0, 1, 2, 3]
+        pool = ex._backends["fork"]._pool
+        assert ex.submit(_module_values.negated, 3).result(timeout=60) == -3
+        assert list(ex.map(_module_values.through_a_helper, range(3))) == [0, 1, 2]
+        assert ex._backends["fork"]._pool is pool
+        _rebind_scale(2)  # through_a_helper reads it: not proven any more
+        assert list(ex.map(_module_values.through_a_helper, range(3))) == [0, 2, 4]
+        assert ex._backends["fork"]._pool is not pool

@@ -251,13 +251,16 @@ class ForkBackend(Backend):
         return entry
 
     def _reads_now(self, first: _Prepared | None) -> _module_reads.Record:
-        """What the callables run lately read now, for a pool about to fork (under the lock).
+        """What the user's code binds now, for a pool about to fork (under the lock).
 
-        Taken before the fork: a value changed in between leaves the pool
-        newer than its record, which proves nothing stale. Mutable values
-        are hashed only where their last digest took under a millisecond.
+        Each binding whose object is its whole state
+        (:func:`smartexec._module_reads.fork_record`), and all that the
+        callables run lately read. Taken before the fork: a value changed in
+        between leaves the pool newer than its record, which proves nothing
+        stale. Mutable values are hashed only where their last digest took
+        under a millisecond.
         """
-        record: _module_reads.Record = {}
+        record = _module_reads.fork_record()
         for key, entry in list(self._plain_entries.items()):
             fn = entry.handle.get()
             if fn is None or (first is not None and key == first.key):
