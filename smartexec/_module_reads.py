@@ -30,6 +30,8 @@ serves a call that took the other.
 from __future__ import annotations
 
 import functools
+import importlib
+import pickle
 import sys
 import time
 import types
@@ -38,11 +40,22 @@ from collections.abc import Iterator
 from dis import get_instructions
 from typing import Any
 
+import cloudpickle
+
 from . import _fingerprint
-from .effects._tables import user_module
+from .effects._bytecode import OBJECT_WRITES
+from .effects._tables import MUTATING_METHODS, user_module
 from .inspection import pickles_by_reference
 
-__all__ = ["Record", "State", "state_of", "fork_record", "MAX_FUNCTIONS"]
+__all__ = [
+    "Record",
+    "State",
+    "Sent",
+    "state_of",
+    "fork_record",
+    "values_to_send",
+    "MAX_FUNCTIONS",
+]
 
 #: Most functions followed from one callable; past it nothing is proven current.
 MAX_FUNCTIONS = 256
@@ -83,7 +96,7 @@ _FIXED = (
 
 _MISSING = object()
 
-_Names = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]
+_Names = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool]
 
 #: Names each code object loads and rebinds, by code (see :func:`_names`).
 _NAMES: dict[types.CodeType, _Names] = {}
@@ -99,6 +112,7 @@ def _names(code: types.CodeType) -> _Names:
     attrs: set[str] = set()
     stores: set[str] = set()
     imports: set[str] = set()
+    writes = False  # into some object (which one, bytecode cannot say)
     for sub in _codes(code):
         for ins in get_instructions(sub):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
@@ -111,6 +125,10 @@ def _names(code: types.CodeType) -> _Names:
                 imports.add(ins.argval)
             elif ins.opname == "IMPORT_FROM":
                 attrs.add(ins.argval)
+            if ins.opname in OBJECT_WRITES or (
+                ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MUTATING_METHODS
+            ):
+                writes = True
         # getattr(module, "NAME") and globals()["NAME"]: a name as a string.
         attrs.update(c for c in sub.co_consts if isinstance(c, str) and c.isidentifier())
     if len(_NAMES) >= _NAMES_KEPT:
@@ -120,6 +138,7 @@ def _names(code: types.CodeType) -> _Names:
         frozenset(attrs),
         frozenset(stores),
         frozenset(imports),
+        writes,
     )
     return known
 
@@ -141,6 +160,7 @@ class _Walk:
         self.seen: set[int] = set()
         self.rebound: set[tuple[int, str]] = set()  # bindings the code itself rebinds
         self.entered: set[tuple[Any, ...]] = set()
+        self.writes = False  # some code it follows writes into an object
         self.complete = True  # False: over MAX_FUNCTIONS, nothing proven
 
     def bind(self, holder: Any, name: str) -> Any:
@@ -188,8 +208,9 @@ class _Walk:
         by_reference = self.shared or pickles_by_reference(fn)
         if pickles_by_reference(fn):  # the worker looks it up by name: a rebinding runs other code
             self.bind(module.__dict__, fn.__qualname__.split(".")[0])
-        names, attrs, stores, imports = _names(fn.__code__)
+        names, attrs, stores, imports, writes = _names(fn.__code__)
         self.rebound.update((id(fn.__globals__), name) for name in stores)
+        self.writes = self.writes or writes
         for imported in sorted(imports):  # an import in its body: the worker's module
             if imported in sys.modules:
                 self.enter(sys.modules[imported], attrs)
@@ -438,3 +459,108 @@ def fork_record() -> Record:
                     if _fixed(member):
                         record[(id(value), attr)] = _Seen(member, None)
     return record
+
+
+# -- for workers that import the user's modules afresh (loky) -----------------
+
+#: Most bytes of one value sent with each chunk to a worker that imported its
+#: module afresh; a bigger one stays as the module's own code set it there.
+SEND_BYTES = 64 << 10
+
+_Sent = tuple[str, str, bytes, bytes]  # (module, name, digest, pickled value)
+
+
+def values_to_send(fn: Any) -> tuple[_Sent, ...]:
+    """The module-level values ``fn`` reads by name, for workers that imported its modules afresh.
+
+    A loky worker reads each module-level value as the module's own code
+    set it, not as the caller has it now (``helpers.SCALE = 10`` after the
+    import). Each such value goes with the chunks of a ``map`` or ``submit``,
+    with its digest; the worker sets it only where its own value's digest
+    differs (:class:`Sent`), so what is the same keeps its identity (a
+    sentinel ``object()``, a memory-mapped file, a cache the worker filled).
+    Left out: modules, class attributes (a class's counters and registries
+    live in each process), names ``fn``'s code rebinds (its cache), mutable
+    values when its code writes into any object (its worker's own), values
+    over :data:`SEND_BYTES` pickled, and values that cannot be pickled.
+
+    Returns:
+        ``(module, name, digest, pickled value)`` for each, taken now.
+    """
+    walk = _Walk(shared=False)
+    walk.callable(fn)
+    sent = []
+    for key, (holder, name) in walk.bindings.items():
+        value = _value(holder, name)
+        module = _module_name(holder) if isinstance(holder, dict) else None
+        if module is None or key in walk.rebound or value is _MISSING:
+            continue  # a class attribute, __main__'s (sent with fn by value), its cache
+        if isinstance(value, types.ModuleType) or (walk.writes and not _fixed(value)):
+            continue
+        if _size(value) > SEND_BYTES:
+            continue  # (not pickled to learn it)
+        try:
+            pickled = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            if len(pickled) <= SEND_BYTES:
+                sent.append((module, name, _fingerprint.digest(value), pickled))
+        except Exception:  # noqa: BLE001 - the worker keeps its own
+            continue
+    return tuple(sent)
+
+
+def _module_name(namespace: dict[str, Any]) -> str | None:
+    name = namespace.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    if module is None or module.__dict__ is not namespace or name == "__main__":
+        return None  # a worker's __main__ is not the caller's
+    return name
+
+
+class Sent:
+    """A callable with the module-level values it reads (:func:`values_to_send`).
+
+    Unpickled in a worker, it first sets each value whose digest differs
+    from the worker's own, then gives back the callable itself (no wrapper
+    frame runs).
+
+    Attributes:
+        fn: the callable (or what stands for it in transit).
+        values: from :func:`values_to_send`.
+    """
+
+    __slots__ = ("fn", "values")
+
+    def __init__(self, fn: Any, values: tuple[_Sent, ...]):
+        self.fn = fn
+        self.values = values
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Arguments unpickle in order: the values are set before fn is built.
+        return (_second, (_Values(self.values), self.fn))
+
+
+class _Values:
+    __slots__ = ("values",)
+
+    def __init__(self, values: tuple[_Sent, ...]):
+        self.values = values
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_install, (self.values,))
+
+
+def _install(values: tuple[_Sent, ...]) -> None:
+    """In a worker: set each module-level value whose digest differs from this process's."""
+    for module_name, name, digest, pickled in values:
+        module = importlib.import_module(module_name)
+        own = module.__dict__.get(name, _MISSING)
+        try:
+            same = own is not _MISSING and _fingerprint.digest(own) == digest
+        except Exception:  # noqa: BLE001 - its own cannot be pickled: not the same
+            same = False
+        if not same:
+            setattr(module, name, pickle.loads(pickled))
+
+
+def _second(_: Any, fn: Any) -> Any:
+    return fn

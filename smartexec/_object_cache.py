@@ -198,12 +198,15 @@ class CachedCallable:
 
     Attributes:
         fn: the user's callable.
+        values: the module-level values it reads, to set where it is
+            unpickled (:class:`smartexec._module_reads.Sent`); empty for none.
     """
 
-    __slots__ = ("fn", "entry")
+    __slots__ = ("fn", "entry", "values")
 
-    def __init__(self, fn: Any):
+    def __init__(self, fn: Any, values: tuple[Any, ...] = ()):
         self.fn = fn
+        self.values = values
         self.entry: _Entry | None = None  # set by the first request
 
 

@@ -406,12 +406,27 @@ def module_values():
     _module_values.Base.factor = 1
 
 
-@pytest.mark.parametrize("case", CHANGES)
-def test_a_module_level_value_changed_between_maps_is_read_as_it_is_now(case, module_values):
+#: What loky's workers, which import the module afresh, are not sent (docs/reliability.md).
+NOT_SENT = {
+    "class attribute",  # a class's attributes live in each process
+    "an instance's inherited attribute",
+    "big array changed in place",  # over SEND_BYTES
+    "a default argument changed in place",  # part of the function, pickled by reference
+}
+
+
+@pytest.mark.parametrize(
+    "backend, case",
+    [("fork", case) for case in CHANGES] + [("loky", c) for c in CHANGES if c not in NOT_SENT],
+)
+def test_a_module_level_value_changed_between_maps_is_read_as_it_is_now(
+    backend, case, module_values
+):
     # ProcessPoolExecutor's fork workers, reused, keep the values they forked
-    # with; threads and a loop read the new one: a route must not decide.
+    # with, and spawned ones read what the module's code sets; threads and a
+    # loop read the value as it is now: a route must not decide.
     fn, change = CHANGES[case]
-    with SmartExecutor(2, backend="fork") as ex, SmartExecutor(2, backend="thread") as threads:
+    with SmartExecutor(2, backend=backend) as ex, SmartExecutor(2, backend="thread") as threads:
         for n in (3, 1, 3, 3, 5):
             change(n)
             expected = [fn(x) for x in range(8)]
@@ -501,3 +516,12 @@ def test_a_function_first_seen_on_a_running_pool_joins_it(module_values):
         _rebind_scale(2)  # through_a_helper reads it: not proven any more
         assert list(ex.map(_module_values.through_a_helper, range(3))) == [0, 2, 4]
         assert ex._backends["fork"]._pool is not pool
+
+
+def test_a_loky_worker_keeps_what_is_the_same_and_what_its_code_fills():
+    # A value is set in a worker only where its own differs: a sentinel keeps
+    # its identity, and a cache the function fills in place stays its own.
+    with SmartExecutor(2, backend="loky") as ex:
+        assert list(ex.map(_module_values.sentinel, range(4))) == [0, 1, 2, 3]
+        stamps = set(ex.map(_module_values.cached_stamp, [1] * 40, chunksize=1))
+        assert len(stamps) <= 2  # one fill per worker, not one per chunk
