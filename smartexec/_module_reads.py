@@ -1,4 +1,4 @@
-"""The module-level values a callable reads in a forked worker, and proof that the worker's copy is current.
+"""The module-level values a callable reads in a worker: proof that a fork pool's copy is current, values for loky.
 
 A forked worker holds the caller's modules as they were when it forked. A
 function pickled by reference (``helpers.scale``) runs there on that copy:
@@ -25,6 +25,10 @@ pickled state (:func:`smartexec._fingerprint.digest`), which also catches
 a change in place (``helpers.CONFIG["k"] = 10``). Two states are the same
 only when every identity and every digest is: then a pool that recorded one
 serves a call that took the other.
+
+A loky worker imports the user's modules afresh instead: there
+:func:`values_to_send` gives the values to send with the chunks, each set in
+the worker only where its own differs (:class:`Sent`).
 """
 
 from __future__ import annotations
@@ -36,16 +40,15 @@ import sys
 import time
 import types
 import weakref
-from collections.abc import Iterator
 from dis import get_instructions
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
 from . import _fingerprint
-from .effects._bytecode import OBJECT_WRITES
+from .effects._bytecode import OBJECT_WRITES, codes
 from .effects._tables import MUTATING_METHODS, user_module
-from .inspection import pickles_by_reference
+from .inspection import attribute, pickles_by_reference
 
 __all__ = [
     "Record",
@@ -96,15 +99,24 @@ _FIXED = (
 
 _MISSING = object()
 
-_Names = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool]
 
-#: Names each code object loads and rebinds, by code (see :func:`_names`).
+class _Names(NamedTuple):
+    """What a code object (and code nested in it) names."""
+
+    loads: frozenset[str]  # module-level names it loads
+    attrs: frozenset[str]  # attributes it loads, names it imports, strings it holds
+    stores: frozenset[str]  # module-level names it rebinds
+    imports: frozenset[str]  # modules it imports
+    writes: bool  # it writes into some object (which one, bytecode cannot say)
+
+
+#: By code object (see :func:`_names`).
 _NAMES: dict[types.CodeType, _Names] = {}
 _NAMES_KEPT = 2048
 
 
 def _names(code: types.CodeType) -> _Names:
-    """What ``code`` (and code nested in it) names: module-level names it loads, attributes it loads (and names it imports from a module), module-level names it rebinds, modules it imports."""
+    """What ``code`` names, read once from its bytecode."""
     known = _NAMES.get(code)
     if known is not None:
         return known
@@ -112,8 +124,8 @@ def _names(code: types.CodeType) -> _Names:
     attrs: set[str] = set()
     stores: set[str] = set()
     imports: set[str] = set()
-    writes = False  # into some object (which one, bytecode cannot say)
-    for sub in _codes(code):
+    writes = False
+    for sub in codes(code):
         for ins in get_instructions(sub):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
                 names.add(ins.argval)
@@ -133,21 +145,10 @@ def _names(code: types.CodeType) -> _Names:
         attrs.update(c for c in sub.co_consts if isinstance(c, str) and c.isidentifier())
     if len(_NAMES) >= _NAMES_KEPT:
         _NAMES.clear()
-    known = _NAMES[code] = (
-        frozenset(names),
-        frozenset(attrs),
-        frozenset(stores),
-        frozenset(imports),
-        writes,
+    known = _NAMES[code] = _Names(
+        frozenset(names), frozenset(attrs), frozenset(stores), frozenset(imports), writes
     )
     return known
-
-
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
 
 
 class _Walk:
@@ -176,14 +177,15 @@ class _Walk:
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             self.function(fn.__func__)  # its object travels as it is; its class by name
             owner = fn.__self__ if isinstance(fn.__self__, type) else type(fn.__self__)
-            self.enter(owner, _names(fn.__func__.__code__)[1])
+            self.enter(owner, _names(fn.__func__.__code__).attrs)
         elif isinstance(fn, (staticmethod, classmethod)):
             self.callable(fn.__func__)
         elif isinstance(fn, types.FunctionType):
             self.function(fn)
         elif isinstance(fn, type):  # a class called to make each result
-            if pickles_by_reference(fn):
-                self.bind(sys.modules[fn.__module__].__dict__, fn.__qualname__.split(".")[0])
+            module = sys.modules.get(fn.__module__)
+            if module is not None and pickles_by_reference(fn):
+                self.bind(module.__dict__, fn.__qualname__.split(".")[0])
             self.klass(fn, _CONSTRUCTION)
         elif not isinstance(fn, _FIXED):
             # A callable instance: its class's __call__, found as Python finds it.
@@ -192,7 +194,7 @@ class _Walk:
             )
             if isinstance(call, types.FunctionType):
                 self.function(call)
-            inner = getattr(fn, "__wrapped__", None)  # a wrapper's (smartexec's own too)
+            inner = attribute(fn, "__wrapped__")  # a wrapper's (smartexec's own too)
             if inner is not None and inner is not fn:
                 self.callable(inner)
 
@@ -243,7 +245,7 @@ class _Walk:
             return
         self.entered.add((id(value), attrs))
         if isinstance(value, types.ModuleType):
-            if user_module(value):
+            if user_module(value) and not _ours(value.__name__):
                 for attr in sorted(attrs & value.__dict__.keys()):
                     self.enter(self.bind(value.__dict__, attr), attrs)
         elif isinstance(value, type):
@@ -279,7 +281,7 @@ class _Walk:
                     value = value.fget
                 self.callable(value)
                 if isinstance(value, types.FunctionType):  # its self.<name> reads
-                    self.klass(cls, _names(value.__code__)[1])
+                    self.klass(cls, _names(value.__code__).attrs)
 
 
 def _ours(module: str) -> bool:
@@ -295,7 +297,7 @@ def _value(holder: Any, name: str) -> Any:
         return vars(holder).get(name, _MISSING)
     try:
         return getattr(holder, name)
-    except (AttributeError, ValueError):  # an empty cell
+    except Exception:  # noqa: BLE001 - an empty cell
         return _MISSING
 
 
@@ -308,7 +310,7 @@ def _fixed(value: Any) -> bool:
 
 def _size(value: Any) -> int:
     """Bytes a digest of ``value`` would read, roughly (a buffer's, or a container's length)."""
-    nbytes = getattr(value, "nbytes", None)
+    nbytes = attribute(value, "nbytes")
     if isinstance(nbytes, int):
         return nbytes
     if isinstance(value, (bytearray, memoryview, dict, list, set)):
@@ -430,9 +432,17 @@ def state_of(fn: Any, shared: bool = False, digest: bool = True) -> State:
         name could change (only the standard library's and installed
         packages' code, and values sent with it).
     """
+    return State(_walked(fn, shared), digest)
+
+
+def _walked(fn: Any, shared: bool) -> _Walk:
+    """The walk from ``fn``; one that met an object that raised is incomplete (proves nothing)."""
     walk = _Walk(shared)
-    walk.callable(fn)
-    return State(walk, digest)
+    try:
+        walk.callable(fn)
+    except Exception:  # noqa: BLE001 - an odd object (a raising __getattr__, a cycle)
+        walk.complete = False
+    return walk
 
 
 def fork_record() -> Record:
@@ -487,8 +497,7 @@ def values_to_send(fn: Any) -> tuple[_Sent, ...]:
     Returns:
         ``(module, name, digest, pickled value)`` for each, taken now.
     """
-    walk = _Walk(shared=False)
-    walk.callable(fn)
+    walk = _walked(fn, shared=False)
     sent = []
     for key, (holder, name) in walk.bindings.items():
         value = _value(holder, name)
