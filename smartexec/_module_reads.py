@@ -1,4 +1,4 @@
-"""The module-level values a callable reads in a worker: proof that a fork pool's copy is current, values for loky.
+"""The module-level values a callable reads in a forked worker, and proof that the worker's copy is current.
 
 A forked worker holds the caller's modules as they were when it forked. A
 function pickled by reference (``helpers.scale``) runs there on that copy:
@@ -26,16 +26,17 @@ a change in place (``helpers.CONFIG["k"] = 10``). Two states are the same
 only when every identity and every digest is: then a pool that recorded one
 serves a call that took the other.
 
-A loky worker imports the user's modules afresh instead: there
-:func:`values_to_send` gives the values to send with the chunks, each set in
-the worker only where its own differs (:class:`Sent`).
+A loky worker imports the user's modules afresh instead, and reads each
+value as the module's own code sets it, as a spawned ``ProcessPoolExecutor``
+does: sending the caller's values there was tried and undone what the
+worker's initializer, its caches and its random generators hold.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import pickle
+import hashlib
+import itertools
 import sys
 import time
 import types
@@ -43,22 +44,12 @@ import weakref
 from dis import get_instructions
 from typing import Any, NamedTuple
 
-import cloudpickle
-
 from . import _fingerprint
-from .effects._bytecode import OBJECT_WRITES, codes
-from .effects._tables import MUTATING_METHODS, user_module
+from .effects._bytecode import codes
+from .effects._tables import user_module
 from .inspection import attribute, pickles_by_reference
 
-__all__ = [
-    "Record",
-    "State",
-    "Sent",
-    "state_of",
-    "fork_record",
-    "values_to_send",
-    "MAX_FUNCTIONS",
-]
+__all__ = ["Record", "State", "state_of", "fork_record", "MAX_FUNCTIONS"]
 
 #: Most functions followed from one callable; past it nothing is proven current.
 MAX_FUNCTIONS = 256
@@ -107,7 +98,6 @@ class _Names(NamedTuple):
     attrs: frozenset[str]  # attributes it loads, names it imports, strings it holds
     stores: frozenset[str]  # module-level names it rebinds
     imports: frozenset[str]  # modules it imports
-    writes: bool  # it writes into some object (which one, bytecode cannot say)
 
 
 #: By code object (see :func:`_names`).
@@ -124,7 +114,6 @@ def _names(code: types.CodeType) -> _Names:
     attrs: set[str] = set()
     stores: set[str] = set()
     imports: set[str] = set()
-    writes = False
     for sub in codes(code):
         for ins in get_instructions(sub):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
@@ -137,16 +126,12 @@ def _names(code: types.CodeType) -> _Names:
                 imports.add(ins.argval)
             elif ins.opname == "IMPORT_FROM":
                 attrs.add(ins.argval)
-            if ins.opname in OBJECT_WRITES or (
-                ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in MUTATING_METHODS
-            ):
-                writes = True
         # getattr(module, "NAME") and globals()["NAME"]: a name as a string.
         attrs.update(c for c in sub.co_consts if isinstance(c, str) and c.isidentifier())
     if len(_NAMES) >= _NAMES_KEPT:
         _NAMES.clear()
     known = _NAMES[code] = _Names(
-        frozenset(names), frozenset(attrs), frozenset(stores), frozenset(imports), writes
+        frozenset(names), frozenset(attrs), frozenset(stores), frozenset(imports)
     )
     return known
 
@@ -161,7 +146,6 @@ class _Walk:
         self.seen: set[int] = set()
         self.rebound: set[tuple[int, str]] = set()  # bindings the code itself rebinds
         self.entered: set[tuple[Any, ...]] = set()
-        self.writes = False  # some code it follows writes into an object
         self.complete = True  # False: over MAX_FUNCTIONS, nothing proven
 
     def bind(self, holder: Any, name: str) -> Any:
@@ -210,9 +194,8 @@ class _Walk:
         by_reference = self.shared or pickles_by_reference(fn)
         if pickles_by_reference(fn):  # the worker looks it up by name: a rebinding runs other code
             self.bind(module.__dict__, fn.__qualname__.split(".")[0])
-        names, attrs, stores, imports, writes = _names(fn.__code__)
+        names, attrs, stores, imports = _names(fn.__code__)
         self.rebound.update((id(fn.__globals__), name) for name in stores)
-        self.writes = self.writes or writes
         for imported in sorted(imports):  # an import in its body: the worker's module
             if imported in sys.modules:
                 self.enter(sys.modules[imported], attrs)
@@ -256,7 +239,7 @@ class _Walk:
             self.callable(value)
         elif isinstance(value, (dict, list, tuple)):  # functions kept in a table
             items = value.values() if isinstance(value, dict) else value
-            for item in list(items)[:MAX_ITEMS]:
+            for item in itertools.islice(items, MAX_ITEMS):
                 if callable(item):
                     self.enter(item, attrs)
         else:
@@ -301,20 +284,59 @@ def _value(holder: Any, name: str) -> Any:
         return _MISSING
 
 
-def _fixed(value: Any) -> bool:
-    """Whether ``value``'s identity is its whole state (no change in place)."""
-    if isinstance(value, (tuple, frozenset)):
-        return all(_fixed(item) for item in value)
-    return isinstance(value, _FIXED)
+def _fixed(value: Any, depth: int = 0) -> bool:
+    """Whether ``value``'s identity is its whole state (no change in place).
+
+    By ``type()``, which no object can fake (a lazy proxy's ``__class__``
+    property may raise). A tuple or frozenset is fixed when its first
+    :data:`MAX_ITEMS` items are, two levels down; past that it is taken
+    as fixed: reading two million items at each map costs more than the
+    change in place of a list inside a long tuple is likely.
+    """
+    kind = type(value)
+    if issubclass(kind, (tuple, frozenset)):
+        if depth >= 2 or len(value) > MAX_ITEMS:
+            return True
+        return all(_fixed(item, depth + 1) for item in value)
+    return issubclass(kind, _FIXED)
 
 
-def _size(value: Any) -> int:
-    """Bytes a digest of ``value`` would read, roughly (a buffer's, or a container's length)."""
+def _proof(value: Any, depth: int = 0) -> bytes:
+    """A digest of ``value``'s pickled state; where it cannot be pickled, of its parts, else its identity.
+
+    A lock, a weak dictionary or a generator cannot be pickled: nothing it
+    holds can reach a worker but by the fork itself, and its identity is
+    all that can be compared. A dict holding one is proven item by item.
+    """
+    try:
+        return _fingerprint.digest(value)
+    except Exception:  # noqa: BLE001 - cannot be pickled
+        pass
+    if type(value) is dict and depth < 2 and len(value) <= MAX_ITEMS:
+        h = hashlib.sha1()
+        for key, item in list(value.items()):
+            h.update(repr(key).encode() + b"\0" + _proof(item, depth + 1))
+        return h.digest()
+    return b"id:%d" % id(value)  # its holder keeps it alive: the id is its own
+
+
+def _size(value: Any, depth: int = 0) -> int:
+    """Bytes a digest of ``value`` would read, roughly: a buffer's, a container's length, an object's attributes'."""
     nbytes = attribute(value, "nbytes")
-    if isinstance(nbytes, int):
+    if type(nbytes) is int:
         return nbytes
-    if isinstance(value, (bytearray, memoryview, dict, list, set)):
-        return 64 * len(value) if isinstance(value, (dict, list, set)) else len(value)
+    kind = type(value)
+    try:
+        if issubclass(kind, (bytearray, memoryview)):
+            return len(value)
+        if issubclass(kind, (dict, list, set)):
+            return 64 * len(value)
+        if depth == 0:  # an object holding an array, one level down
+            space = attribute(value, "__dict__")
+            if type(space) is dict:
+                return sum(_size(item, 1) for item in itertools.islice(space.values(), MAX_ITEMS))
+    except Exception:  # noqa: BLE001 - a __len__ that raises: as big as can be
+        return DIGEST_BYTES + 1
     return 0
 
 
@@ -362,10 +384,9 @@ class State:
 
     Attributes:
         digest_s: seconds the digests of its mutable values took.
-        proven: False when it cannot prove a pool current: a value could not
-            be pickled for its digest, was too big to hash in well under a
-            fork's time (:data:`DIGEST_BYTES`), or the code was too big to
-            follow.
+        proven: False when it cannot prove a pool current: a value was too
+            big to hash in well under a fork's time (:data:`DIGEST_BYTES`),
+            or the code was too big or too odd to follow.
     """
 
     __slots__ = ("_values", "_digests", "_by_identity", "digest_s", "proven")
@@ -384,10 +405,7 @@ class State:
             if not digest or _size(value) > DIGEST_BYTES:
                 self.proven = False
                 continue
-            try:
-                self._digests[key] = _fingerprint.digest(value)
-            except Exception:  # noqa: BLE001 - unpicklable: no proof of its content
-                self.proven = False
+            self._digests[key] = _proof(value)
         self.digest_s = time.perf_counter() - start
 
     @property
@@ -457,119 +475,21 @@ def fork_record() -> Record:
     """
     record: Record = {}
     for name, module in list(sys.modules.items()):
-        if module is None or _ours(name) or not user_module(module):
-            continue
-        space = vars(module)
-        for key, value in list(space.items()):
-            if not _fixed(value):
+        try:
+            if not isinstance(module, types.ModuleType) or _ours(name) or not user_module(module):
                 continue
-            record[(id(space), key)] = _Seen(value, None)
-            if isinstance(value, type) and value.__module__ == name:
-                for attr, member in list(vars(value).items()):
-                    if _fixed(member):
-                        record[(id(value), attr)] = _Seen(member, None)
+            _record_module(record, name, module.__dict__)
+        except Exception:  # noqa: BLE001 - an odd module: its bindings stay unproven
+            continue
     return record
 
 
-# -- for workers that import the user's modules afresh (loky) -----------------
-
-#: Most bytes of one value sent with each chunk to a worker that imported its
-#: module afresh; a bigger one stays as the module's own code set it there.
-SEND_BYTES = 64 << 10
-
-_Sent = tuple[str, str, bytes, bytes]  # (module, name, digest, pickled value)
-
-
-def values_to_send(fn: Any) -> tuple[_Sent, ...]:
-    """The module-level values ``fn`` reads by name, for workers that imported its modules afresh.
-
-    A loky worker reads each module-level value as the module's own code
-    set it, not as the caller has it now (``helpers.SCALE = 10`` after the
-    import). Each such value goes with the chunks of a ``map`` or ``submit``,
-    with its digest; the worker sets it only where its own value's digest
-    differs (:class:`Sent`), so what is the same keeps its identity (a
-    sentinel ``object()``, a memory-mapped file, a cache the worker filled).
-    Left out: modules, class attributes (a class's counters and registries
-    live in each process), names ``fn``'s code rebinds (its cache), mutable
-    values when its code writes into any object (its worker's own), values
-    over :data:`SEND_BYTES` pickled, and values that cannot be pickled.
-
-    Returns:
-        ``(module, name, digest, pickled value)`` for each, taken now.
-    """
-    walk = _walked(fn, shared=False)
-    sent = []
-    for key, (holder, name) in walk.bindings.items():
-        value = _value(holder, name)
-        module = _module_name(holder) if isinstance(holder, dict) else None
-        if module is None or key in walk.rebound or value is _MISSING:
-            continue  # a class attribute, __main__'s (sent with fn by value), its cache
-        if isinstance(value, types.ModuleType) or (walk.writes and not _fixed(value)):
+def _record_module(record: Record, name: str, space: dict[str, Any]) -> None:
+    for key, value in list(space.items()):
+        if not _fixed(value):
             continue
-        if _size(value) > SEND_BYTES:
-            continue  # (not pickled to learn it)
-        try:
-            pickled = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-            if len(pickled) <= SEND_BYTES:
-                sent.append((module, name, _fingerprint.digest(value), pickled))
-        except Exception:  # noqa: BLE001 - the worker keeps its own
-            continue
-    return tuple(sent)
-
-
-def _module_name(namespace: dict[str, Any]) -> str | None:
-    name = namespace.get("__name__")
-    module = sys.modules.get(name) if isinstance(name, str) else None
-    if module is None or module.__dict__ is not namespace or name == "__main__":
-        return None  # a worker's __main__ is not the caller's
-    return name
-
-
-class Sent:
-    """A callable with the module-level values it reads (:func:`values_to_send`).
-
-    Unpickled in a worker, it first sets each value whose digest differs
-    from the worker's own, then gives back the callable itself (no wrapper
-    frame runs).
-
-    Attributes:
-        fn: the callable (or what stands for it in transit).
-        values: from :func:`values_to_send`.
-    """
-
-    __slots__ = ("fn", "values")
-
-    def __init__(self, fn: Any, values: tuple[_Sent, ...]):
-        self.fn = fn
-        self.values = values
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Arguments unpickle in order: the values are set before fn is built.
-        return (_second, (_Values(self.values), self.fn))
-
-
-class _Values:
-    __slots__ = ("values",)
-
-    def __init__(self, values: tuple[_Sent, ...]):
-        self.values = values
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_install, (self.values,))
-
-
-def _install(values: tuple[_Sent, ...]) -> None:
-    """In a worker: set each module-level value whose digest differs from this process's."""
-    for module_name, name, digest, pickled in values:
-        module = importlib.import_module(module_name)
-        own = module.__dict__.get(name, _MISSING)
-        try:
-            same = own is not _MISSING and _fingerprint.digest(own) == digest
-        except Exception:  # noqa: BLE001 - its own cannot be pickled: not the same
-            same = False
-        if not same:
-            setattr(module, name, pickle.loads(pickled))
-
-
-def _second(_: Any, fn: Any) -> Any:
-    return fn
+        record[(id(space), key)] = _Seen(value, None)
+        if issubclass(type(value), type) and vars(value).get("__module__") == name:
+            for attr, member in list(vars(value).items()):
+                if _fixed(member):
+                    record[(id(value), attr)] = _Seen(member, None)

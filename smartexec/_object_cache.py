@@ -198,15 +198,12 @@ class CachedCallable:
 
     Attributes:
         fn: the user's callable.
-        values: the module-level values it reads, to set where it is
-            unpickled (:class:`smartexec._module_reads.Sent`); empty for none.
     """
 
-    __slots__ = ("fn", "entry", "values")
+    __slots__ = ("fn", "entry")
 
-    def __init__(self, fn: Any, values: tuple[Any, ...] = ()):
+    def __init__(self, fn: Any):
         self.fn = fn
-        self.values = values
         self.entry: _Entry | None = None  # set by the first request
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _module_reads, _remote, _shm
+from . import _remote, _shm
 from ._diagnose import reply_unpickling_error, task_unpickling_error
 from ._object_cache import _OBJECTS, CachedCallable, Lease, ObjectCache, _prune
 from ._remote import (
@@ -149,7 +149,6 @@ def dumps_request(
     try:
         prune = None
         calls: Sequence[Call] = chunk
-        values = fn.values if isinstance(fn, CachedCallable) else ()
         if cache is not None:
             if isinstance(fn, CachedCallable):
                 fn = cache.callable_ref(fn, lease)
@@ -159,8 +158,6 @@ def dumps_request(
             prune = cache.prune_info()
         elif isinstance(fn, CachedCallable):
             fn = fn.fn
-        if values:  # set in the worker as the cached copy is unpickled
-            fn = _module_reads.Sent(fn, values)
         encoder = _Encoder(owner=None)
         data = _encode((fn, pack_calls(calls), budget_s), encoder, prune, _shm.denied())
         lease.segments.extend(name for name, _ in encoder.segments)

@@ -42,7 +42,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from .. import _initializer, _module_reads, _object_cache, transport
+from .. import _initializer, _object_cache, transport
 from .._blas import thread_env, threads_per_worker
 from .._diagnose import (
     detach_traceback,
@@ -253,16 +253,8 @@ class LokyBackend(Backend):
         workers' cached copy only once it is proven byte for byte unchanged
         (:meth:`smartexec._object_cache.ObjectCache.callable_ref`), else sends
         the state again; the map's later chunks use that same copy.
-
-        Loky's workers import the user's modules afresh: the module-level
-        values ``fn`` reads by name go with each chunk, as they are now, and
-        a worker sets those its own differ from as it unpickles the chunk
-        (:func:`smartexec._module_reads.values_to_send`).
         """
-        values = _module_reads.values_to_send(fn)
-        if share:
-            return _object_cache.CachedCallable(fn, values)
-        return _module_reads.Sent(fn, values) if values else fn
+        return _object_cache.CachedCallable(fn) if share else fn
 
     def refresh(self, fn: Any) -> bool:
         """Make the next chunks of ``fn`` send its state as it is now.
@@ -288,10 +280,7 @@ class LokyBackend(Backend):
         Raises:
             RuntimeError: after :meth:`shutdown`.
         """
-        if isinstance(fn, (_object_cache.CachedCallable, _module_reads.Sent)):
-            user_fn = fn.fn
-        else:
-            user_fn = fn
+        user_fn = fn.fn if isinstance(fn, _object_cache.CachedCallable) else fn
         calls = copy_calls(chunk)  # an OwnCalls chunk stays one
         future = _ReplyFuture(callable_name(user_fn))
         with self._lock:
@@ -299,8 +288,7 @@ class LokyBackend(Backend):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if self._pool is None:
                 self._pool = self._new_pool()
-        quick = quick_to_pickle(user_fn if isinstance(fn, _module_reads.Sent) else fn, calls)
-        if not (self._sender.idle() and quick):
+        if not (self._sender.idle() and quick_to_pickle(fn, calls)):
             with self._lock:
                 self._queue.append(future)
             self._sender.put(lambda: self._pickle(future, fn, user_fn, calls, budget_s))

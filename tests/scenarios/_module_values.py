@@ -7,7 +7,6 @@ this module as it was when it forked.
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -84,21 +83,3 @@ def apply(fn, x):
 
 
 by_partial = functools.partial(apply, scaled)
-
-
-_UNSET = object()
-MODE = _UNSET
-
-
-def sentinel(x):
-    return x if MODE is _UNSET else -x
-
-
-_SEEN: dict = {}
-
-
-def cached_stamp(x):
-    """Fills a module-level dict in place: each worker's own cache."""
-    if x not in _SEEN:
-        _SEEN[x] = time.monotonic_ns()
-    return _SEEN[x]
