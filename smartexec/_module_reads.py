@@ -34,6 +34,7 @@ worker's initializer, its caches and its random generators hold.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -41,6 +42,7 @@ import sys
 import time
 import types
 import weakref
+from collections.abc import Iterator, Mapping
 from dis import get_instructions
 from typing import Any, NamedTuple
 
@@ -147,6 +149,16 @@ class _Walk:
         self.rebound: set[tuple[int, str]] = set()  # bindings the code itself rebinds
         self.entered: set[tuple[Any, ...]] = set()
         self.complete = True  # False: over MAX_FUNCTIONS, nothing proven
+        self.sent = True  # all that reached this point goes by value (cloudpickle)
+
+    @contextlib.contextmanager
+    def within(self, sent: bool) -> Iterator[None]:
+        """Walk on with ``sent`` as :attr:`sent`, then restore it."""
+        saved, self.sent = self.sent, sent
+        try:
+            yield
+        finally:
+            self.sent = saved
 
     def bind(self, holder: Any, name: str) -> Any:
         self.bindings.setdefault((id(holder), name), (holder, name))
@@ -166,6 +178,14 @@ class _Walk:
             self.callable(fn.__func__)
         elif isinstance(fn, types.FunctionType):
             self.function(fn)
+            with self.within(self.sent and not pickles_by_reference(fn)):
+                inner = attribute(fn, "__wrapped__")  # under a decorator of a package's
+                if inner is not None and inner is not fn:
+                    self.callable(inner)
+                registry = attribute(fn, "registry")  # functools.singledispatch
+                if isinstance(registry, Mapping):
+                    for impl in itertools.islice(registry.values(), MAX_ITEMS):
+                        self.callable(impl)
         elif isinstance(fn, type):  # a class called to make each result
             module = sys.modules.get(fn.__module__)
             if module is not None and pickles_by_reference(fn):
@@ -191,9 +211,15 @@ class _Walk:
             self.complete = False
             return
         self.seen.add(id(fn))
-        by_reference = self.shared or pickles_by_reference(fn)
+        # Sent by value (its globals with it) only when all that reached it was.
+        by_reference = self.shared or not self.sent or pickles_by_reference(fn)
         if pickles_by_reference(fn):  # the worker looks it up by name: a rebinding runs other code
             self.bind(module.__dict__, fn.__qualname__.split(".")[0])
+        with self.within(not by_reference):
+            self.code(fn, module, by_reference)
+
+    def code(self, fn: types.FunctionType, module: types.ModuleType, by_reference: bool) -> None:
+        """Follow what ``fn``'s code names: globals, imports, cells, default values."""
         names, attrs, stores, imports = _names(fn.__code__)
         self.rebound.update((id(fn.__globals__), name) for name in stores)
         for imported in sorted(imports):  # an import in its body: the worker's module
@@ -229,8 +255,9 @@ class _Walk:
         self.entered.add((id(value), attrs))
         if isinstance(value, types.ModuleType):
             if user_module(value) and not _ours(value.__name__):
-                for attr in sorted(attrs & value.__dict__.keys()):
-                    self.enter(self.bind(value.__dict__, attr), attrs)
+                with self.within(False):  # a module is imported by name
+                    for attr in sorted(attrs & value.__dict__.keys()):
+                        self.enter(self.bind(value.__dict__, attr), attrs)
         elif isinstance(value, type):
             self.klass(value, attrs)
         elif isinstance(value, types.FunctionType) and value.__dict__:
@@ -262,7 +289,8 @@ class _Walk:
                 value = self.bind(base, attr)
                 if isinstance(value, property):
                     value = value.fget
-                self.callable(value)
+                with self.within(False):  # a class is imported by name
+                    self.callable(value)
                 if isinstance(value, types.FunctionType):  # its self.<name> reads
                     self.klass(cls, _names(value.__code__).attrs)
 
@@ -378,9 +406,10 @@ Record = dict[_Key, _Seen]
 class State:
     """The values of the bindings a callable reads in a worker, now.
 
-    A value the callable's own code rebinds (a cache it fills: ``global
-    _T; if _T is None: _T = build()``) is its worker's own: only a rebinding
-    by the caller counts, not a change in place.
+    A value over :data:`DIGEST_BYTES` that the callable's own code rebinds
+    (a cache it fills: ``global _T; if _T is None: _T = build()``) is taken
+    for its worker's own: only a rebinding by the caller counts, not a
+    change in place.
 
     Attributes:
         digest_s: seconds the digests of its mutable values took.
@@ -399,10 +428,11 @@ class State:
         start = time.perf_counter()
         for key, (holder, name) in walk.bindings.items():
             value = self._values[key] = _value(holder, name)
-            if key in walk.rebound or _fixed(value):
-                self._by_identity.add(key)
+            big = _size(value) > DIGEST_BYTES
+            if _fixed(value) or (key in walk.rebound and (big or not digest)):
+                self._by_identity.add(key)  # (a big cache the callable fills: its own)
                 continue
-            if not digest or _size(value) > DIGEST_BYTES:
+            if not digest or big:
                 self.proven = False
                 continue
             self._digests[key] = _proof(value)

@@ -83,3 +83,18 @@ def apply(fn, x):
 
 
 by_partial = functools.partial(apply, scaled)
+
+
+@functools.singledispatch
+def dispatched(x):
+    return x * SCALE
+
+
+STATE = {"factor": 1}
+
+
+def by_its_own_cache(x):
+    global STATE
+    if STATE is None:  # a cache it would fill; the caller changes it in place
+        STATE = {"factor": 1}
+    return x * STATE["factor"]

@@ -393,6 +393,11 @@ CHANGES = {
     "a default argument changed in place": (_module_values.by_default, _change_config),
     "a name as a string": (_module_values.by_name, _rebind_scale),
     "a function given to a partial": (_module_values.by_partial, _rebind_scale),
+    "a singledispatch function": (_module_values.dispatched, _rebind_scale),
+    "a small value it rebinds, changed in place": (
+        _module_values.by_its_own_cache,
+        lambda n: _module_values.STATE.__setitem__("factor", n),
+    ),
 }
 
 
@@ -404,6 +409,7 @@ def module_values():
     _change_class(1)
     _change_table(1)
     _module_values.Base.factor = 1
+    _module_values.STATE["factor"] = 1
 
 
 @pytest.mark.parametrize("case", CHANGES)
