@@ -35,6 +35,7 @@ from ._syntax import (
     _BIN_DUNDERS,
     _leaves,
     _no_copy,
+    fill_hidden,
     first_param_of,
     missing,
     owner_class,
@@ -211,7 +212,10 @@ class FunctionReader:
         for stmt in stmts:
             self.visit(stmt)
             if isinstance(stmt, ast.If) and not stmt.orelse and _leaves(stmt.body):
-                self.fills.append(present(stmt.test))
+                node = self.scope.node
+                self.fills.append(
+                    {t for t in present(stmt.test) if fill_hidden(stmt.body, t, node)}
+                )
                 guards += 1
         del self.fills[len(self.fills) - guards :]
 
@@ -303,7 +307,15 @@ class FunctionReader:
             for name in ast.walk(stmt)
             if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store)
         }
-        self.fills.append({t for t in missing(node.test) if not (_key_names(t) & rebound)})
+        self.fills.append(
+            {
+                t
+                for t in missing(node.test)
+                if not (_key_names(t) & rebound)
+                and fill_hidden(node.body, t, self.scope.node)
+                and fill_hidden(node.orelse, t, self.scope.node)
+            }
+        )
         self.block(node.body)
         self.fills.pop()
         self.block(node.orelse)

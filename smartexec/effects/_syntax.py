@@ -66,6 +66,34 @@ def _leaves(body: list[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
 
 
+def fill_hidden(branch: list[ast.stmt], target: str, function: ast.AST) -> bool:
+    """Whether a call's result cannot tell that ``branch`` ran, as a pure cache fill's cannot.
+
+    ``branch`` is the code that runs when the cache ``target`` was found
+    missing (it fills it) or found present (it reads it). A call whose
+    result says which (``if x in _SEEN: return False``, ``if k not in _C:
+    _C[k] = v; return True``) sees the other calls' writes: each return in
+    ``branch`` must return ``target`` itself, nothing in it may leave the
+    loop, and no name it binds may be read outside it.
+    """
+    inside = {id(node) for stmt in branch for node in ast.walk(stmt)}
+    bound = set()
+    for stmt in branch:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Return) and (
+                node.value is None or ast.unparse(node.value) != target
+            ):
+                return False
+            if isinstance(node, (ast.Break, ast.Continue)):
+                return False
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id != target:
+                bound.add(node.id)  # (the cache itself, `_X = build()`, is what is filled)
+    return not any(
+        isinstance(node, ast.Name) and node.id in bound and id(node) not in inside
+        for node in ast.walk(function)
+    )
+
+
 def present(test: ast.expr) -> set[str]:
     """The targets ``test`` finds present: ``k in X``, ``X is not None``, ``X`` (the mirror of :func:`missing`)."""
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
