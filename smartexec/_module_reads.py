@@ -243,10 +243,14 @@ class _Walk:
             if by_reference:  # its cells are the worker's copies too
                 self.bind(cell, "cell_contents")
             self.enter(contents, attrs)
+        defaults = (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
         if by_reference:  # so are its default argument values
             for name in ("__defaults__", "__kwdefaults__"):
                 if getattr(fn, name):
                     self.bind(fn, name)
+        for value in defaults:  # a function given as a default (rule=check) runs too
+            if callable(value):
+                self.enter(value, attrs)
 
     def enter(self, value: Any, attrs: frozenset[str]) -> None:
         """Follow ``value``, reached by a function loading ``attrs``, to what it names."""

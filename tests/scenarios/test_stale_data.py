@@ -394,6 +394,7 @@ CHANGES = {
     "a name as a string": (_module_values.by_name, _rebind_scale),
     "a function given to a partial": (_module_values.by_partial, _rebind_scale),
     "a singledispatch function": (_module_values.dispatched, _rebind_scale),
+    "a function given as a default argument": (_module_values.by_default_rule, _rebind_scale),
     "a small value it rebinds, changed in place": (
         _module_values.by_its_own_cache,
         lambda n: _module_values.STATE.__setitem__("factor", n),
