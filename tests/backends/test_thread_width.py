@@ -167,6 +167,22 @@ def test_the_widener_takes_its_first_reading_as_chunks_queue(chunks, measured):
         backend.shutdown()
 
 
+def test_the_widener_takes_its_first_reading_as_submitted_calls_queue():
+    # A new user's 200 submits of a 50 ms sleep ran on the stdlib's 6 threads
+    # (1.73 s): their calls end together, 50 ms apart, and no two looks at
+    # their ends were close enough to compare. Now the first reading comes
+    # as calls queue, and a look WIDEN_EVERY_S later compares.
+    backend = ThreadBackend(None, 2)
+    release = threading.Event()
+    futures = [backend.submit_call(release.wait, (30,), {}) for _ in range(20)]
+    try:
+        assert not backend._widener.unmeasured
+    finally:
+        release.set()
+        assert all(f.result(timeout=30) for f in futures)
+        backend.shutdown()
+
+
 def test_the_widener_looks_again_before_any_call_ends(monkeypatch):
     # Calls that wait long end late: the pool's threads look only when one
     # ends (100 sleeps of 10 ms: the pool grew at 10 ms). After the first
