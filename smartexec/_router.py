@@ -420,7 +420,8 @@ class Router:
         if backend != decision.backend:
             # The policy's reasons argue for its route, not this one: said so
             # (an inline map listed "processes run it in parallel").
-            policy = (f"before any item ran, the policy chose {decision.backend}:", *policy)
+            head = f"before any item ran, the policy chose {decision.backend}"
+            policy = (f"{head}:", *policy) if policy else (head,)
         done = dataclasses.replace(
             decision,
             backend=backend,

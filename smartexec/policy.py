@@ -222,13 +222,27 @@ def _other_threads_override(s: _Situation, decision: Decision) -> Decision:
             f"same: each pool forks one single-threaded zygote, with smartexec's own "
             f"threads paused, and the zygote forks the workers",
         )
-    return _add(
+    # The fork row's "how it reaches the workers" no longer holds: replaced.
+    kept = tuple(r for r in decision.reasons if rule_of(r) != REACHES_PROCESSES_RULE)
+    how = (
+        "it pickles by reference"
+        if decision.profile is None or decision.profile.by_reference
+        else ("cloudpickle sends it by value")
+    )
+    return replace(
         decision,
-        "other-threads",
-        f"{threads} running in this process: forking it would copy any lock they hold (a "
-        f"deadlock risk; Python 3.12+ warns), so loky starts the workers instead, without "
-        f"forking this process",
         backend="loky",
+        reasons=(
+            *kept,
+            Reason(
+                "other-threads",
+                f"{threads} running in this process: forking it would copy any lock they hold "
+                f"(a deadlock risk; Python 3.12+ warns), so loky starts the workers instead, "
+                f"without forking this process ({how}); its workers import your modules afresh "
+                f"and read a module-level value as the module's own code sets it, not as you "
+                f"changed it since",
+            ),
+        ),
     )
 
 

@@ -197,6 +197,17 @@ def test_mp_context_fork_changes_nothing():
         assert decide(prof, LINUX, Options(start_method="fork")) == decide(prof, LINUX, Options())
 
 
+def test_work_moved_to_loky_by_other_threads_says_how_loky_reads_it():
+    # A new user read "fork workers start in milliseconds" on a map that ran
+    # on loky, and nothing about the module values loky's fresh imports read.
+    for prof in (profile("function"), profile("lambda", by_reference=False, state=SMALL)):
+        decision = decide(prof, LINUX, Options(), other_threads=1)
+        assert decision.backend == "loky", str(decision)
+        text = str(decision)
+        assert "fork workers" not in text and "start in milliseconds" not in text
+        assert "import your modules afresh" in decision.reasons[-1]
+
+
 @pytest.mark.parametrize("threads", [0, 2])
 def test_max_tasks_per_child_moves_loky_work_to_fork(threads):
     lam = profile("lambda", by_reference=False, state=SMALL)
