@@ -414,7 +414,8 @@ class SmartExecutor(Executor):
             change as more work runs).
         """
         self._submits.fold_thread_calls()  # a cheap verdict's calls, not re-checked yet
-        return self._stats.snapshot(self.decisions())
+        widths = {name: b.max_workers for name, b in list(self._backends.items())}
+        return self._stats.snapshot(self.decisions(), widths)
 
     def decisions(self) -> tuple[Decision, ...]:
         """Return the routing decisions this executor made, oldest first.

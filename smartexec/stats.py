@@ -338,6 +338,9 @@ class StatsRecorder:
         entry = self._backends.get(name)
         if entry is None:
             entry = self._backends[name] = _Backend(workers)
+        # A thread pool grows while calls wait: its widest counts (800 sleeps
+        # read "on 6 workers, busy 100%" on a pool grown to 128).
+        entry.workers = max(entry.workers, workers)
         return entry
 
     def track(
@@ -406,8 +409,14 @@ class StatsRecorder:
             entry.working += seconds
             entry.active += seconds
 
-    def snapshot(self, decisions: tuple[Any, ...] = ()) -> ExecutorStats:
-        """Return the figures so far (chunks in flight count as active until now)."""
+    def snapshot(
+        self, decisions: tuple[Any, ...] = (), widths: dict[str, int] | None = None
+    ) -> ExecutorStats:
+        """Return the figures so far (chunks in flight count as active until now).
+
+        ``widths``: each backend's worker count now (a grown thread pool's),
+        where it exceeds what was recorded as its work began.
+        """
         with self._lock:
             for entry in self._backends.values():
                 _fold_calls(entry)
@@ -419,7 +428,7 @@ class StatsRecorder:
             backends = {
                 name: BackendStats(
                     backend=name,
-                    workers=e.workers,
+                    workers=max(e.workers, (widths or {}).get(name, 0)),
                     items=e.items,
                     chunks=e.chunks,
                     failed_chunks=e.failed,

@@ -213,3 +213,13 @@ def test_calls_and_chunks_on_one_backend_count_each_active_second_once():
     wall = time.perf_counter() - start
     active = recorder.snapshot().backends["thread"].active_s
     assert 0.03 <= active <= wall + 1e-6, (active, wall)
+
+
+def test_a_grown_thread_pool_is_counted_at_its_width_now():
+    # A new user's 800 sleeps read "on 6 workers, busy 100%" on a pool grown to
+    # 128: the width counted was the one its first call met.
+    with SmartExecutor(backend="thread") as ex:
+        assert ex.submit(abs, -1).result(timeout=30) == 1
+        first = ex.stats().backends["thread"].workers
+        ex._backends["thread"].max_workers = first + 40  # as the widener sets it
+        assert ex.stats().backends["thread"].workers == first + 40
