@@ -65,7 +65,7 @@ INITIALIZER_BY_VALUE_RULE = "initializer-by-value"
 #: (:func:`measured_reasons`).
 GIL_UNKNOWN = "it may hold the GIL, so processes run it in parallel"
 GIL_NOT_MEASURED = (
-    " (not measured yet: its first chunks are measured in the workers, and a map "
+    " (not measured in this run yet: its first chunks are measured in the workers, and a map "
     "may move to threads)"
 )
 GIL_FIRST_MAP_MEASURES = " (its first map measures this and may move it to threads)"

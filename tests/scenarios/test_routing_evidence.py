@@ -85,8 +85,8 @@ def test_gil_holding_work_stays_on_processes():
         assert list(ex.map(python_5ms, range(80))) == list(range(80))
         assert set(routes(ex)) == {"fork"}, "\n".join(map(str, ex.decisions()))
         # the line written once it was measured no longer promises it
-        assert "not measured yet" in str(first_start(ex))
-        assert "not measured yet" not in str(ex.decisions()[-1])
+        assert "not measured in this run yet" in str(first_start(ex))
+        assert "not measured in this run yet" not in str(ex.decisions()[-1])
 
 
 def test_one_stalled_item_does_not_change_the_route():
