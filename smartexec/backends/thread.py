@@ -416,16 +416,19 @@ class ThreadBackend(Backend):
         Its next look, :data:`~smartexec.backends._widener.WIDEN_EVERY_S`
         later (see :meth:`_Widener.look_soon`), can then widen the pool.
         """
-        widener, pool = self._widener, self._pool
-        queue = getattr(pool, "_work_queue", None)
-        if widener is None or queue is None or not queue.qsize():
-            return  # nothing waits for a thread
+        widener = self._widener
+        if widener is None:
+            return
         now = time.perf_counter()
-        if widener.unmeasured or now >= widener.due:
-            first = widener.unmeasured
-            widener.check(now)
-            if first and not widener.unmeasured:
-                widener.look_soon()
+        if now < widener.due:
+            return  # looked less than WIDEN_EVERY_S ago (a burst of submits: once)
+        queue = getattr(self._pool, "_work_queue", None)
+        if queue is None or not queue.qsize():
+            return  # nothing waits for a thread
+        first = widener.unmeasured
+        widener.check(now)
+        if first and not widener.unmeasured:
+            widener.look_soon()
 
     def submit_call(
         self,
