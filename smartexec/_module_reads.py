@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 
 from . import _fingerprint
 from .effects._bytecode import codes
-from .effects._tables import user_module
+from .effects._tables import IMMUTABLE, user_module
 from .inspection import attribute, pickles_by_reference
 
 __all__ = ["Record", "State", "state_of", "fork_record", "MAX_FUNCTIONS"]
@@ -71,6 +71,8 @@ DIGEST_BYTES = 4 << 20
 
 #: Values whose identity is their whole state: a rebinding is the only change.
 _FIXED = (
+    *IMMUTABLE,  # the effects reader's: numbers, strings, bytes, None, ranges
+    tuple,
     types.ModuleType,
     types.FunctionType,
     types.BuiltinFunctionType,
@@ -78,16 +80,6 @@ _FIXED = (
     property,
     staticmethod,
     classmethod,
-    type(None),
-    bool,
-    int,
-    float,
-    complex,
-    str,
-    bytes,
-    range,
-    frozenset,
-    tuple,
 )
 
 _MISSING = object()
