@@ -513,9 +513,21 @@ def test_send_ahead_covers_a_verdict_and_a_queued_call_per_worker():
     assert send_ahead(16) == 32
 
 
-def test_a_burst_sends_only_its_window_to_processes_before_the_verdict():
+def test_a_burst_sends_only_its_window_to_processes_before_the_verdict(monkeypatch):
+    from smartexec import _submit_learning
     from smartexec._submit_learning import send_ahead
 
+    # The verdict comes from injected figures (each call 1 us): a CI run
+    # under load once measured a fork worker's first calls over the bound
+    # and kept sending. What is tested is the window, not the measuring.
+    real = _submit_learning.judge
+    monkeypatch.setattr(
+        _submit_learning,
+        "judge",
+        lambda calls, watches, backend: real(
+            [(1e-6, 1e-6, send) for _, _, send in calls], [], backend
+        ),
+    )
     with SmartExecutor(2) as ex:
         assert ex.explain(_pid).backend == "fork"
         futures = [ex.submit(_pid, i) for i in range(3000)]

@@ -206,11 +206,13 @@ def test_the_widener_looks_again_before_any_call_ends(monkeypatch):
     futures = [backend.submit_chunk(release.wait, [((30,), {})]) for _ in range(20)]
     try:
         assert not backend._widener.unmeasured  # the first reading, as chunks queued
+        # The width is set before the threads start (a CI run read it between):
+        # wait for the threads themselves.
         deadline = time.monotonic() + 20
-        while backend.max_workers == 6 and time.monotonic() < deadline:
+        while len(backend._pool._threads) <= 6 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert backend.max_workers == threads_for_waiting(6, 0.01, backend._widener.limit)
         assert len(backend._pool._threads) > 6  # while every call still waits
+        assert backend.max_workers == threads_for_waiting(6, 0.01, backend._widener.limit)
     finally:
         release.set()
         assert all(f.result(timeout=30).outcomes for f in futures)
