@@ -539,6 +539,12 @@ class FunctionReader:
         if callee is not MISSING:
             return self.known_call(callee, call, node)
         func = node.func
+        candidates = self.scope.candidates(func)
+        if candidates is not None:  # getattr(hashlib, name), name one of a loop's strings
+            self.ref(func)
+            return functools.reduce(
+                Ref.__or__, (self.known_call(c, call, node) for c in candidates), NOTHING
+            )
         if isinstance(func, ast.Attribute):
             receiver = self.ref(func.value)
             if func.attr in MUTATING_METHODS and call.args and self.of_type(func.value):

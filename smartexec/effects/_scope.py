@@ -21,6 +21,7 @@ from ._source import FunctionNode, params_of
 from ._syntax import (
     imported,
     own_nodes,
+    string_choices,
 )
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class Scope:
             elif isinstance(sub, ast.ExceptHandler) and sub.name:
                 self.locals.add(sub.name)
         self.locals -= self.globals_declared | self.nonlocals
+        #: local names that hold one of a few literal strings (a loop's)
+        self.choices = string_choices(body, params_of(node))
         #: functions and lambdas defined here, by the name they are bound to
         self.functions: dict[str, FunctionNode] = {}
         self.cells: dict[str, Any] = {}
@@ -135,6 +138,40 @@ class Scope:
                 return MISSING
             return static_attribute(owner, expr.attr)
         return MISSING
+
+    def candidates(self, expr: ast.expr) -> list[Any] | None:
+        """The objects ``getattr(owner, name)`` may be, each found, or None.
+
+        ``name`` a literal string or a local name bound only by looping
+        over literal strings (:func:`string_choices`): ``getattr(hashlib,
+        n)`` in ``for n in ("md5", "sha1")`` is ``hashlib.md5`` or
+        ``hashlib.sha1``.
+        """
+        if not (
+            isinstance(expr, ast.Call)
+            and len(expr.args) == 2
+            and not expr.keywords
+            and self.value(expr.func) is getattr
+        ):
+            return None
+        owner, name = self.value(expr.args[0]), expr.args[1]
+        if owner is MISSING:
+            return None
+        if isinstance(name, ast.Constant) and isinstance(name.value, str):
+            names: tuple[str, ...] = (name.value,)
+        elif isinstance(name, ast.Name) and self._choices(name.id) is not None:
+            names = self._choices(name.id) or ()
+        else:
+            return None
+        found = [static_attribute(owner, n) for n in names]
+        return None if any(f is MISSING for f in found) else found
+
+    def _choices(self, name: str) -> tuple[str, ...] | None:
+        if name in self.locals:
+            return self.choices.get(name)
+        if self.parent is not None and name not in self.globals_declared:
+            return self.parent._choices(name)
+        return None
 
     def local_function(self, name: str) -> FunctionNode | None:
         """The function or lambda defined in this function (or one around it) that ``name`` calls."""

@@ -14,7 +14,15 @@ from ._refs import (
 )
 from ._source import FunctionNode
 
-__all__ = ["own_nodes", "owner_class", "first_param_of", "present", "missing", "imported"]
+__all__ = [
+    "own_nodes",
+    "owner_class",
+    "first_param_of",
+    "present",
+    "missing",
+    "imported",
+    "string_choices",
+]
 
 
 def own_nodes(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
@@ -160,3 +168,36 @@ def imported(node: ast.Import | ast.ImportFrom) -> dict[str, Any]:
 def _no_copy(call: Call) -> bool:
     """A ``copy=`` keyword was passed (``copy=False``): the result may be the object itself."""
     return "copy" in call.keywords
+
+
+def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Local names bound only by looping over literal strings, and the strings each may hold.
+
+    ``for name in ("md5", "sha1")`` or ``(... for name in ["a", "b"])``; a
+    name bound any other way too (assigned, a parameter, imported, caught,
+    a ``match`` capture) is left out.
+    """
+    choices: dict[str, set[str]] = {}
+    loop_targets: set[int] = set()
+    other: set[str] = set(params)
+    for node in own_nodes(body):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
+            strings = [
+                e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
+            if items and len(strings) == len(items):
+                choices.setdefault(node.target.id, set()).update(strings)
+                loop_targets.add(id(node.target))
+    for node in own_nodes(body):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            if id(node) not in loop_targets:
+                other.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            other.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            for field in ("name", "rest"):  # defs, except handlers, match captures
+                bound = getattr(node, field, None)
+                if isinstance(bound, str):
+                    other.add(bound)
+    return {name: tuple(sorted(s)) for name, s in choices.items() if name not in other}
