@@ -352,6 +352,12 @@ class ChunkResult(NamedTuple):
             do not (the pages it copies after the fork, first imports): 270
             us against 2.4 us for a numpy call, which read 6.7 us an item
             over the chunk of 64 (see :meth:`smartexec._rerouting.Evidence.add`).
+        receive_s: seconds the worker spent taking in a request of at least
+            :data:`BIG_REQUEST_BYTES` pickled bytes (reading it from its
+            pipe, unpickling it) before the first call; 0.0 for smaller ones,
+            or where not measured. Pickled into nothing, 2 MiB ``bytes``
+            took microseconds; sent, about 3 ms an item (see
+            :meth:`smartexec._rerouting.Evidence.send_s`).
     """
 
     outcomes: list[tuple[bool, Any]]
@@ -359,6 +365,14 @@ class ChunkResult(NamedTuple):
     cpu_s: float = 0.0
     gil: Any = None
     first: tuple[float, float] | None = None
+    receive_s: float = 0.0
+
+
+#: Requests whose pickle stream is this many bytes or more have their
+#: receive timed (see :attr:`ChunkResult.receive_s`): big ``bytes`` and
+#: ``str`` arguments travel in the stream (only buffers such as arrays go
+#: out of band), and their cost is in copying them, not in pickling.
+BIG_REQUEST_BYTES = 1 << 20
 
 
 def _rebuild(exc: BaseException, tb: str) -> BaseException:

@@ -159,6 +159,9 @@ class Evidence:
     #: Replies left out because their CPU seconds were not read.
     unclocked: int = 0
     sent: list[tuple[int, float]] = field(default_factory=list)
+    #: Per chunk whose request was big, a worker's seconds per item to take
+    #: it in (:attr:`~smartexec._remote.ChunkResult.receive_s`).
+    received: list[float] = field(default_factory=list)
     #: Seconds a worker's first call took beyond the chunk's others, left out
     #: of :attr:`per_item` (see :meth:`add`); one per worker at most.
     warm_ups: list[float] = field(default_factory=list)
@@ -179,8 +182,12 @@ class Evidence:
         cpu_s: float,
         gil: Any,
         first: tuple[float, float] | None = None,
+        receive_s: float = 0.0,
     ) -> None:
         """Record one chunk's reply (its item count, wall and CPU seconds, GIL watch, first call).
+
+        ``receive_s``: the seconds its worker took to take in a big request
+        (see :meth:`send_s`), 0.0 when not measured.
 
         A chunk whose CPU seconds were not read (``cpu_s`` < 0, see
         :meth:`~smartexec.backends.thread.ThreadBackend.unclocked`) is no
@@ -194,6 +201,8 @@ class Evidence:
         """
         if n_items <= 0:
             return
+        if receive_s > 0 and len(self.received) < MAX_SAMPLES:
+            self.received.append(receive_s / n_items)
         if cpu_s < 0:
             self.unclocked += 1  # counts toward MAX_SAMPLES: a verdict still comes
             return
@@ -291,11 +300,23 @@ class Evidence:
         that cost less than sending them (30,000 numpy calls of 4 us: 128
         items on fork, then a loop; priced from the pickling estimate
         instead, 12,000-17,000 went to fork first, 1.3x slower).
+
+        Big ``bytes`` and ``str`` travel in the pickle stream, which the
+        estimate prices at its pickling into nothing (2 MiB ``bytes``: 40
+        us) and a send off the caller's thread does not cost the caller;
+        copying them through a pipe and out of it costs each end about 1.5
+        ms (fork, 2-core machine): a map of 6 hashes per 2 MiB blob was
+        predicted at a tie between fork and threads, and threads ran 1.33x
+        faster. Where workers timed taking in big requests, the low median
+        of their seconds per item counts as this end's too.
         """
         sends = self.warm_sends or self.sent
-        if not sends:
-            return estimated
-        return max(estimated, statistics.median_low(t / n for n, t in sends))
+        send_s = estimated
+        if sends:
+            send_s = max(send_s, statistics.median_low(t / n for n, t in sends))
+        if self.received:
+            send_s = max(send_s, statistics.median_low(self.received))
+        return send_s
 
     @property
     def warm_sends(self) -> list[tuple[int, float]]:

@@ -247,7 +247,14 @@ class RoutedMap:
             del outcomes
             self.timed = n
         evidence = self.evidence
-        evidence.add(len(result.outcomes), result.compute_s, result.cpu_s, result.gil, result.first)
+        evidence.add(
+            len(result.outcomes),
+            result.compute_s,
+            result.cpu_s,
+            result.gil,
+            result.first,
+            result.receive_s,
+        )
         if evidence.on_threads and self.reading_due(time.perf_counter()):
             self.read_threads()
         if evidence.ready() and self.relay is not None:  # (None: the stream is opening)

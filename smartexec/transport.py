@@ -53,6 +53,7 @@ from . import _remote, _shm
 from ._diagnose import reply_unpickling_error, task_unpickling_error
 from ._object_cache import _OBJECTS, CachedCallable, Lease, ObjectCache, _prune
 from ._remote import (
+    BIG_REQUEST_BYTES,
     Call,
     ChunkResult,
     OwnCalls,
@@ -367,7 +368,7 @@ def _watch_parent(parent: int) -> None:
     own_thread(watch, "smartexec-parent-watch").start()
 
 
-def serve_request(data: bytes, owner: int | None = None) -> bytes:
+def serve_request(data: bytes, owner: int | None = None, received_s: float = 0.0) -> bytes:
     """Run one request in a worker and return the reply's bytes.
 
     The reply (:func:`dumps_reply`) carries the chunk's result, or the
@@ -377,7 +378,10 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     Args:
         data: the request's bytes (:func:`dumps_request`).
         owner: the executor's pid, given by the fork backend (its workers'
-            parent is the pool's zygote); None for loky (the parent). A
+            parent is the pool's zygote); None for loky (the parent).
+        received_s: seconds spent reading ``data`` from the pipe, where
+            the caller timed it; with the unpickling, a big request's
+            :attr:`~smartexec._remote.ChunkResult.receive_s`. A
             fork worker leaves through ``os._exit`` as soon as its parent
             dies, with no chance to unlink a named segment its dead parent
             never read, so where anonymous memory cannot be used its big
@@ -389,6 +393,8 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     _check_parent(owner)
     _shm.release_acknowledged()  # the parent has mapped our last replies by now
     memory = "shared" if owner is None else "anonymous"
+    big = len(data) >= BIG_REQUEST_BYTES
+    start = time.perf_counter()
     try:
         fn, chunk, budget_s = _decode(data, private=True, adopt=False)  # calls still packed
     except BaseException as exc:
@@ -397,8 +403,12 @@ def serve_request(data: bytes, owner: int | None = None) -> bytes:
     del data
     # Each call gets its own arguments and gives back its own result, as
     # one pickled per call would (ProcessPoolExecutor, chunksize=1).
-    result = separate_outcomes(run_chunk(fn, own_arguments(chunk), True, budget_s))
-    del fn, chunk
+    calls = own_arguments(chunk)
+    receive_s = received_s + time.perf_counter() - start if big else 0.0
+    result = separate_outcomes(run_chunk(fn, calls, True, budget_s))
+    if receive_s:
+        result = result._replace(receive_s=receive_s)
+    del fn, chunk, calls
     _check_parent(owner)
     return dumps_reply(result, owner=owner, memory=memory)
 

@@ -480,6 +480,35 @@ def test_the_chunks_own_send_time_counts_when_dearer_than_the_estimate():
     assert found.send_s(0.1) == 0.1  # never below the estimate (results come back too)
 
 
+def test_a_workers_receive_of_big_requests_counts_as_this_ends_send():
+    # 2 MiB bytes pickle into nothing in ~40 us; a worker took ~3 ms an item
+    # to read them from its pipe and unpickle them, and fork was predicted
+    # at a tie with threads that ran 1.33x faster.
+    found = Evidence(2)
+    found.add(1, 0.015, 0.015, None)  # a small request: not timed
+    assert found.send_s(8e-5) == 8e-5
+    for receive_s in (0.003, 0.0028, 0.009):  # one stalled
+        found.add(1, 0.015, 0.015, None, receive_s=receive_s)
+    assert found.send_s(8e-5) == pytest.approx(0.003)  # the low median
+    found.add(4, 0.06, 0.06, None, receive_s=0.004)  # per item: 1 ms
+    assert found.send_s(8e-5) == pytest.approx(0.0028)
+    assert found.send_s(0.01) == 0.01  # never below the estimate
+
+
+def test_a_dearer_send_moves_a_tie_to_threads():
+    # The same figures, priced with the estimate and with the receive.
+    evidence = Evidence(2)
+    for _ in range(4):
+        evidence.add(1, 0.015, 0.015, RELEASES, receive_s=0.003)
+    routes = {"fork": (2, 0.0), "thread": (6, 0.0)}
+    tie = reroute(evidence, current="fork", candidates=routes, send_s=8e-5, rest=56, cpus=2)
+    assert tie.target is None, tie.reason
+    moved = reroute(
+        evidence, current="fork", candidates=routes, send_s=evidence.send_s(8e-5), rest=56, cpus=2
+    )
+    assert moved.target == "thread", moved.reason
+
+
 def test_the_first_send_to_each_worker_is_left_out():
     # It pays for the pool's start and the worker's first reads: a probe's
     # two chunks of 64 JSON documents took 11-14 ms and 1.0-1.2 ms, later

@@ -990,3 +990,25 @@ def test_only_chunks_marked_for_it_copy_the_results_a_later_call_could_change():
         # A callable that only writes its own arguments (not marked) gets
         # its results back as they are: copying each costs a pickle.
         assert (result.outcomes[0][1] is held) is (not snapshots)
+
+
+def _length(data: bytes) -> int:
+    return len(data)
+
+
+def test_a_worker_times_taking_in_a_big_request_only():
+    # Big bytes travel in the pickle stream: their cost is copying them in
+    # (see Evidence.send_s), which only the worker sees.
+    from smartexec._remote import BIG_REQUEST_BYTES
+
+    for blob, timed in ((b"x" * BIG_REQUEST_BYTES, True), (b"x" * 1000, False)):
+        data, lease = transport.dumps_request(_length, [((blob,), {})], None)
+        try:
+            result = transport.loads_reply(transport.serve_request(data, received_s=0.5))
+        finally:
+            lease.release()
+        assert result.outcomes == [(True, len(blob))]
+        if timed:
+            assert result.receive_s >= 0.5  # the pipe's read, given, and the unpickling
+        else:
+            assert result.receive_s == 0.0

@@ -111,12 +111,14 @@ def _worker_main(
                 if os.getppid() != parent_pid:
                     return
                 continue
+            start = time.perf_counter()
             data = conn.recv_bytes()
+            received_s = time.perf_counter() - start
         except (EOFError, OSError):
             return
         if not data:
             return
-        payload = transport.serve_request(data, owner=owner_pid)
+        payload = transport.serve_request(data, owner=owner_pid, received_s=received_s)
         del data
         try:
             conn.send_bytes(payload)
