@@ -93,6 +93,14 @@ CHEAP_ITEM_S = 50e-6
 #: items of sigma 1 lose ~10 % of their mean to it.
 OUTLIER_FACTOR = 10.0
 
+#: A worker's first call over this multiple of its chunk's others is a
+#: warm-up (see :meth:`Evidence.add`): a fresh fork worker's first call of
+#: a seeded numpy generator took 17-20 ms, 5-6x the 3.2 ms of its later
+#: ones, and the chunks priced fork near a tie with threads that ran 1.3x
+#: faster. Lower than :data:`OUTLIER_FACTOR`, as it is taken once per
+#: worker at most, and only from the chunk's first call.
+WARM_UP_FACTOR = 3.0
+
 #: Items in the larger chunks, as a multiple of the smallest, for
 #: :meth:`Evidence.per_chunk_send` to compare sending costs.
 PER_CHUNK_MIN_RATIO = 8
@@ -192,7 +200,7 @@ class Evidence:
         A chunk whose CPU seconds were not read (``cpu_s`` < 0, see
         :meth:`~smartexec.backends.thread.ThreadBackend.unclocked`) is no
         evidence: it is left out. A first call (``first``, its ``(wall,
-        CPU)`` seconds) over :data:`OUTLIER_FACTOR` times the chunk's other
+        CPU)`` seconds) over :data:`WARM_UP_FACTOR` times the chunk's other
         calls is left out of the chunk's figure, in as many chunks as there
         are workers (one first call each), and counted as a warm-up
         (:attr:`warm_up_s`): a fresh fork worker's first numpy call took
@@ -219,7 +227,7 @@ class Evidence:
         if first is not None and n_items > 1 and len(self.warm_ups) < self.n_workers:
             first_s = first[1] if computing else first[0]
             others = max(work - first_s, 0.0) / (n_items - 1)
-            if first_s > OUTLIER_FACTOR * others:
+            if first_s > WARM_UP_FACTOR * others:
                 per_item = others
                 self.warm_ups.append(first_s - others)
         self.per_item.append(per_item)
