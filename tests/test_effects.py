@@ -361,8 +361,24 @@ def test_a_function_named_by_a_loops_literal_strings_is_read():
     assert "_hashlib.openssl_md5" in effects_of(hashes_by_name).trusted
 
 
+def rebinds_the_name_from_an_inner_function(path):
+    for name in ("getcwd",):  # noqa: B007 - the shape under test
+        pass
+
+    def switch():
+        nonlocal name
+        name = "chdir"
+
+    switch()
+    return getattr(os, name)(path)
+
+
 def test_a_function_named_by_a_name_bound_otherwise_stays_unread():
-    for fn in (names_a_function_it_is_given, loops_over_names_then_rebinds):
+    for fn in (
+        names_a_function_it_is_given,
+        loops_over_names_then_rebinds,
+        rebinds_the_name_from_an_inner_function,
+    ):
         assert kinds(fn) == {"unread"}, effects_of(fn)
 
 

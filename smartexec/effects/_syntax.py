@@ -175,11 +175,16 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
 
     ``for name in ("md5", "sha1")`` or ``(... for name in ["a", "b"])``; a
     name bound any other way too (assigned, a parameter, imported, caught,
-    a ``match`` capture) is left out.
+    a ``match`` capture, ``nonlocal`` in a function defined inside) is left
+    out.
     """
     choices: dict[str, set[str]] = {}
     loop_targets: set[int] = set()
     other: set[str] = set(params)
+    for node in body:
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Nonlocal):
+                other.update(inner.names)
     for node in own_nodes(body):
         if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
             items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
