@@ -373,11 +373,19 @@ def rebinds_the_name_from_an_inner_function(path):
     return getattr(os, name)(path)
 
 
+def rebinds_the_name_through_its_frame(path):
+    for name in ("getcwd",):  # noqa: B007 - the shape under test
+        pass
+    sys._getframe().f_locals["name"] = "chdir"  # writes through from 3.13
+    return getattr(os, name)(path)
+
+
 def test_a_function_named_by_a_name_bound_otherwise_stays_unread():
     for fn in (
         names_a_function_it_is_given,
         loops_over_names_then_rebinds,
         rebinds_the_name_from_an_inner_function,
+        rebinds_the_name_through_its_frame,
     ):
         assert kinds(fn) == {"unread"}, effects_of(fn)
 

@@ -170,13 +170,20 @@ def _no_copy(call: Call) -> bool:
     return "copy" in call.keywords
 
 
+#: Names through which code reaches a frame's local variables.
+_FRAME_NAMES = frozenset(
+    {"locals", "vars", "exec", "eval", "_getframe", "currentframe", "f_locals", "f_back"}
+)
+
+
 def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """Local names bound only by looping over literal strings, and the strings each may hold.
 
     ``for name in ("md5", "sha1")`` or ``(... for name in ["a", "b"])``; a
     name bound any other way too (assigned, a parameter, imported, caught,
     a ``match`` capture, ``nonlocal`` in a function defined inside) is left
-    out.
+    out; so is every name of code that reaches its frame's locals
+    (``locals()``, ``sys._getframe().f_locals``: writable from 3.13).
     """
     choices: dict[str, set[str]] = {}
     loop_targets: set[int] = set()
@@ -185,6 +192,10 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
         for inner in ast.walk(node):
             if isinstance(inner, ast.Nonlocal):
                 other.update(inner.names)
+            elif (isinstance(inner, ast.Name) and inner.id in _FRAME_NAMES) or (
+                isinstance(inner, ast.Attribute) and inner.attr in _FRAME_NAMES
+            ):
+                return {}
     for node in own_nodes(body):
         if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
             items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
