@@ -380,6 +380,68 @@ def rebinds_the_name_through_its_frame(path):
     return getattr(os, name)(path)
 
 
+_LOOKED_UP = "_write_scratch"
+
+
+def a_comprehensions_own_name_is_not_the_functions(x):
+    _ = [0 for _LOOKED_UP in ("hashes_by_name",)]  # noqa: F841 - the shape under test
+    return getattr(_THIS_MODULE, _LOOKED_UP)(x)  # the module-level one
+
+
+class _Scratch:
+    def run(self, x):
+        self.x = x
+        return self.x * 2
+
+
+_SCRATCH = _Scratch()
+_RUN = _SCRATCH.run
+_RNG = random.Random(0)
+
+
+class _Router:
+    def __getattribute__(self, name):
+        return _write_scratch
+
+    def good(self, x):
+        return x * 2
+
+
+_ROUTER = _Router()
+
+
+def a_bound_method_by_name(x):
+    return getattr(_SCRATCH, "run")(x)  # noqa: B009 - the shape under test
+
+
+def a_bound_method_by_alias(x):
+    return _RUN(x)
+
+
+def a_classes_method_given_its_object(x):
+    getattr(random.Random, "seed")(_RNG, x)  # noqa: B009 - the shape under test
+    return getattr(random.Random, "random")(_RNG)  # noqa: B009
+
+
+def an_attribute_from_getattribute(x):
+    return getattr(_ROUTER, "good")(x)  # noqa: B009 - the shape under test
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        a_comprehensions_own_name_is_not_the_functions,
+        a_bound_method_by_name,
+        a_bound_method_by_alias,
+        a_classes_method_given_its_object,
+        an_attribute_from_getattribute,
+    ],
+)
+def test_what_a_breaker_reached_through_getattr_stays_off_threads(fn):
+    # Each wrote shared state on threads (a result unlike a serial loop's).
+    assert not effects_of(fn).allows("thread"), effects_of(fn)
+
+
 def test_a_function_named_by_a_name_bound_otherwise_stays_unread():
     for fn in (
         names_a_function_it_is_given,

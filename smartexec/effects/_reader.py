@@ -37,6 +37,7 @@ from ._syntax import (
     _no_copy,
     fill_hidden,
     first_param_of,
+    literal_strings,
     missing,
     owner_class,
     present,
@@ -504,14 +505,22 @@ class FunctionReader:
     def comprehension(
         self, expr: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
     ) -> Ref:
-        for gen in expr.generators:
-            iterated = self.ref(gen.iter)
-            self.dunders(("__iter__", "__next__"), gen.iter, [])
-            self.store(gen.target, iterated.element(), expr)
-            for cond in gen.ifs:
-                self.ref(cond)
-        parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
-        refs = [self.ref(p) for p in parts]
+        comprehending = self.scope.comprehending
+        outer = dict(comprehending)
+        try:
+            for gen in expr.generators:
+                iterated = self.ref(gen.iter)
+                self.dunders(("__iter__", "__next__"), gen.iter, [])
+                self.store(gen.target, iterated.element(), expr)
+                if isinstance(gen.target, ast.Name):  # its own name, only in here
+                    comprehending[gen.target.id] = literal_strings(gen.iter)
+                for cond in gen.ifs:
+                    self.ref(cond)
+            parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
+            refs = [self.ref(p) for p in parts]
+        finally:
+            comprehending.clear()
+            comprehending.update(outer)
         return functools.reduce(Ref.__or__, refs, NOTHING).holding()
 
     def call(self, node: ast.Call) -> Ref:
@@ -773,8 +782,13 @@ class FunctionReader:
         owner = getattr(callee, "__self__", None)
         self.table_effects(callee, call, node, owner)
         if isinstance(callee, types.MethodType) and isinstance(callee.__func__, types.FunctionType):
+            # Called as `obj.method(...)`: what `obj` refers to. Reached any
+            # other way (`run = S.run` at module level, `getattr(S, "run")`):
+            # the object it is bound to, which other calls reach too.
             self_ref = (
-                self.ref(node.func.value) if isinstance(node.func, ast.Attribute) else NOTHING
+                self.ref(node.func.value)
+                if isinstance(node.func, ast.Attribute)
+                else object_ref(owner, f"the object `{callee.__qualname__}` is bound to")
             )
             if not user_code(callee.__func__.__code__):
                 # Not read (the standard library's, a package's): judged by its

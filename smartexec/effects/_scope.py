@@ -84,6 +84,8 @@ class Scope:
         self.locals -= self.globals_declared | self.nonlocals
         #: local names that hold one of a few literal strings (a loop's)
         self.choices = string_choices(body, params_of(node))
+        #: while a comprehension is read, its targets that loop over literal strings
+        self.comprehending: dict[str, tuple[str, ...] | None] = {}
         #: functions and lambdas defined here, by the name they are bound to
         self.functions: dict[str, FunctionNode] = {}
         self.cells: dict[str, Any] = {}
@@ -140,12 +142,17 @@ class Scope:
         return MISSING
 
     def candidates(self, expr: ast.expr) -> list[Any] | None:
-        """The objects ``getattr(owner, name)`` may be, each found, or None.
+        """The objects ``getattr(module, name)`` may be, each found, or None.
 
         ``name`` a literal string or a local name bound only by looping
-        over literal strings (:func:`string_choices`): ``getattr(hashlib,
-        n)`` in ``for n in ("md5", "sha1")`` is ``hashlib.md5`` or
-        ``hashlib.sha1``.
+        over literal strings (:func:`string_choices`, or a comprehension's
+        own target while it is read): ``getattr(hashlib, n)`` in ``for n in
+        ("md5", "sha1")`` is ``hashlib.md5`` or ``hashlib.sha1``. Only a
+        module's (a plain module object): an instance's attribute may come
+        from ``__getattribute__`` or a descriptor, and a class's function
+        takes its object first (``getattr(random.Random, "seed")(rng, x)``),
+        which the names of methods that change their object judge only when
+        written out.
         """
         if not (
             isinstance(expr, ast.Call)
@@ -155,7 +162,7 @@ class Scope:
         ):
             return None
         owner, name = self.value(expr.args[0]), expr.args[1]
-        if owner is MISSING:
+        if type(owner) is not types.ModuleType:
             return None
         if isinstance(name, ast.Constant) and isinstance(name.value, str):
             names: tuple[str, ...] = (name.value,)
@@ -167,6 +174,8 @@ class Scope:
         return None if any(f is MISSING for f in found) else found
 
     def _choices(self, name: str) -> tuple[str, ...] | None:
+        if name in self.comprehending:
+            return self.comprehending[name]
         if name in self.locals:
             return self.choices.get(name)
         if self.parent is not None and name not in self.globals_declared:

@@ -22,6 +22,7 @@ __all__ = [
     "missing",
     "imported",
     "string_choices",
+    "literal_strings",
 ]
 
 
@@ -179,8 +180,9 @@ _FRAME_NAMES = frozenset(
 def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """Local names bound only by looping over literal strings, and the strings each may hold.
 
-    ``for name in ("md5", "sha1")`` or ``(... for name in ["a", "b"])``; a
-    name bound any other way too (assigned, a parameter, imported, caught,
+    ``for name in ("md5", "sha1")``; a comprehension's target is its own,
+    not the function's (see :attr:`Scope.comprehending`). A name bound
+    any other way too (assigned, a comprehension's target, a parameter, imported, caught,
     a ``match`` capture, ``nonlocal`` in a function defined inside) is left
     out; so is every name of code that reaches its frame's locals
     (``locals()``, ``sys._getframe().f_locals``: writable from 3.13).
@@ -197,12 +199,9 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
             ):
                 return {}
     for node in own_nodes(body):
-        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
-            items = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
-            strings = [
-                e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)
-            ]
-            if items and len(strings) == len(items):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            strings = literal_strings(node.iter)
+            if strings is not None:
                 choices.setdefault(node.target.id, set()).update(strings)
                 loop_targets.add(id(node.target))
     for node in own_nodes(body):
@@ -217,3 +216,12 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
                 if isinstance(bound, str):
                     other.add(bound)
     return {name: tuple(sorted(s)) for name, s in choices.items() if name not in other}
+
+
+def literal_strings(expr: ast.expr) -> tuple[str, ...] | None:
+    """The strings of a literal tuple, list or set of strings only (``("md5", "sha1")``), or None."""
+    items = expr.elts if isinstance(expr, (ast.Tuple, ast.List, ast.Set)) else []
+    strings = tuple(
+        e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)
+    )
+    return strings if items and len(strings) == len(items) else None
