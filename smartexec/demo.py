@@ -193,3 +193,18 @@ def print_result(result: WorkloadResult, out: Any = sys.stdout) -> None:
         f"speed-up {result.speedup:.2f}x | results equal a serial loop: {result.equal}",
         file=out,
     )
+    if result.speedup < 1.0:
+        print(
+            f"   slower than the serial loop this time ({_load()}): the decision's "
+            f"figures above say what each route was predicted to take",
+            file=out,
+        )
+
+
+def _load() -> str:
+    """The machine's load, as a user would judge a slow run by it."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not on this platform
+        return f"{os.cpu_count()} CPUs"
+    return f"load average {load:.1f} on {os.cpu_count()} CPUs"

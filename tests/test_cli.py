@@ -163,3 +163,15 @@ def test_explain_into_a_closed_pipe_stops_quietly():
     shell = f"{sys.executable} -m smartexec explain json:dumps | head -1"
     result = subprocess.run(shell, shell=True, capture_output=True, text=True, timeout=50)
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+def test_the_demo_says_when_a_workload_ran_slower_than_the_loop():
+    import io
+
+    from smartexec.demo import WorkloadResult, print_result
+
+    slow, fast = io.StringIO(), io.StringIO()
+    print_result(WorkloadResult("m", 10, "m -> fork", "fork", 0.7, 1.0, True), slow)
+    print_result(WorkloadResult("m", 10, "m -> fork", "fork", 1.5, 1.0, True), fast)
+    assert "slower than the serial loop this time (load average" in slow.getvalue()
+    assert "slower" not in fast.getvalue()
