@@ -187,8 +187,17 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
     out; so is every name of code that reaches its frame's locals
     (``locals()``, ``sys._getframe().f_locals``: writable from 3.13).
     """
+    body = list(body)
     choices: dict[str, set[str]] = {}
     loop_targets: set[int] = set()
+    for node in own_nodes(body):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            strings = literal_strings(node.iter)
+            if strings is not None:
+                choices.setdefault(node.target.id, set()).update(strings)
+                loop_targets.add(id(node.target))
+    if not choices:  # most functions: one pass, nothing more to look at
+        return {}
     other: set[str] = set(params)
     for node in body:
         for inner in ast.walk(node):
@@ -198,12 +207,6 @@ def string_choices(body: Iterable[ast.AST], params: Iterable[str]) -> dict[str, 
                 isinstance(inner, ast.Attribute) and inner.attr in _FRAME_NAMES
             ):
                 return {}
-    for node in own_nodes(body):
-        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
-            strings = literal_strings(node.iter)
-            if strings is not None:
-                choices.setdefault(node.target.id, set()).update(strings)
-                loop_targets.add(id(node.target))
     for node in own_nodes(body):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             if id(node) not in loop_targets:
