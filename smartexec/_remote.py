@@ -347,8 +347,9 @@ class ChunkResult(NamedTuple):
             each callable in each worker process (see :func:`run_chunk`);
             None for the others.
         first: ``(wall, CPU)`` seconds of the chunk's first call, the CPU
-            -1.0 when not read; None for a chunk of one call, or where not
-            measured. A fresh worker's first call pays for what later calls
+            -1.0 when not read; for a chunk of one call, only when that call
+            was the worker process's first of the callable (else None, as
+            where not measured). A fresh worker's first call pays for what later calls
             do not (the pages it copies after the fork, first imports): 270
             us against 2.4 us for a numpy call, which read 6.7 us an item
             over the chunk of 64 (see :meth:`smartexec._rerouting.Evidence.add`).
@@ -442,6 +443,10 @@ MAX_UNCHECKED_ITEMS = 256
 _watched: dict[tuple[str, str], float] = {}
 _watched_lock = threading.Lock()
 
+#: Per callable, the seconds per call of its last chunk run in this process
+#: while its watch was due (a call of one not run yet here: 0.0).
+_last_call_s: dict[tuple[str, str], float] = {}
+
 
 def _watch_key(fn: Any) -> tuple[str, str]:
     """A callable's name, the same for each unpickled copy of it in a worker."""
@@ -466,6 +471,24 @@ def _watched_for(key: tuple[str, str], seconds: float) -> None:
         _watched[key] = _watched.get(key, 0.0) + seconds
 
 
+def _last_call(key: tuple[str, str]) -> float | None:
+    """Seconds per call of ``key``'s callable in its last chunk here; None before its first call.
+
+    A chunk of one call is watched only when its callable's last chunk here
+    ran at least :data:`MIN_WATCHED_S` a call: the parent reads no watch
+    shorter than that (a 3 ms call's would only spend the budget), and a
+    process's first call is never watched whole, as a longer chunk's first
+    call is not: it holds its warm-up (imports, caches). A fresh fork
+    worker's first ``default_rng(i).standard_normal`` of 2 MiB took 18 ms
+    and read the GIL held 41 % of it, against 0 % for the 3 ms calls after
+    it; the two watches disagreed and the map stayed on fork, 1.3x slower
+    than threads. Such a first call is reported apart instead
+    (:attr:`ChunkResult.first`).
+    """
+    with _watched_lock:
+        return _last_call_s.get(key)
+
+
 def forget_watches() -> None:
     """Forget which callables were watched in this process (each is watched again).
 
@@ -475,6 +498,7 @@ def forget_watches() -> None:
     global _watched_lock
     _watched_lock = threading.Lock()  # a thread of the parent may have held it
     _watched.clear()
+    _last_call_s.clear()
 
 
 os.register_at_fork(after_in_child=forget_watches)
@@ -516,7 +540,9 @@ def run_chunk(
         :data:`WATCH_S` seconds of watched work in this process (each
         watched chunk counting at least :data:`WATCH_MIN_CHARGE_S`), a GIL
         measurement (:class:`~smartexec.gil.GilSampler`: a thread that wakes
-        every 0.5 ms): of the whole chunk when it holds one item; else of
+        every 0.5 ms): of the whole chunk when it holds one call and the
+        callable's last chunk here ran :data:`MIN_WATCHED_S` a call (none
+        for a process's first call: see :func:`_last_call`); else of
         the items left at the first check (after 1, 2, 4, ... items, at most
         :data:`MAX_UNCHECKED_ITEMS` apart) past :data:`WATCH_AFTER_S`, when
         at the pace so far they run :data:`MIN_WATCHED_S` more; none when
@@ -531,7 +557,10 @@ def run_chunk(
         entries = list(entries)  # an iterator: its length is needed
     run = _ChunkRun(fn, 2 if packed and chunk.single else 1 if packed else 0, remote)  # type: ignore[union-attr]
     key = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
-    if key is not None and len(entries) <= 1:
+    one_call = len(entries) <= 1
+    last_s = _last_call(key) if key is not None else None
+    fresh = key is not None and last_s is None  # this process's first call of fn
+    if one_call and last_s is not None and last_s >= MIN_WATCHED_S:
         run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     run.clock_cpu = clock_cpu
     run.own = remote and getattr(chunk, "snapshots", False)
@@ -539,9 +568,9 @@ def run_chunk(
     start = run.start = time.perf_counter()
     run.deadline = math.inf if budget_s is None else start + budget_s
     try:
-        if key is not None and run.sampler is None:
+        if key is not None and not one_call:
             run.watch_midway(entries, start)
-        elif len(entries) > 1:
+        elif not one_call:
             items = iter(entries)
             if not run.first_item(items):
                 run.items(items)
@@ -555,7 +584,12 @@ def run_chunk(
             run.sampler.items = len(run.outcomes) - run.watched_from
             gil = run.sampler.stop()
             _watched_for(key, max(run.sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
+        if key is not None and run.outcomes:
+            with _watched_lock:
+                _last_call_s[key] = wall / len(run.outcomes)
     first = run.first if len(run.outcomes) > 1 else None
+    if one_call and fresh and run.outcomes:
+        first = (wall, cpu)  # this process's first call, alone in its chunk
     return ChunkResult(run.outcomes, wall, cpu, gil, first)
 
 

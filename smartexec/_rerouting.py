@@ -173,6 +173,10 @@ class Evidence:
     #: Seconds a worker's first call took beyond the chunk's others, left out
     #: of :attr:`per_item` (see :meth:`add`); one per worker at most.
     warm_ups: list[float] = field(default_factory=list)
+    #: A worker's first call alone in its chunk, its seconds of work, held
+    #: out of :attr:`per_item` until a later chunk tells whether it was a
+    #: warm-up (see :meth:`add`).
+    lone_firsts: list[float] = field(default_factory=list)
     wall_chunks: int = 0
     cpu_total_s: float = 0.0
     #: A verdict to stay was acted on (noted, saved) while :meth:`recheck_stay`
@@ -205,7 +209,12 @@ class Evidence:
         are workers (one first call each), and counted as a warm-up
         (:attr:`warm_up_s`): a fresh fork worker's first numpy call took
         270 us against 2.4 us for the next 63, and the chunk read 6.7 us an
-        item (a loop, priced at that, was predicted at 2.8x its time).
+        item (a loop, priced at that, was predicted at 2.8x its time). A
+        worker's first call alone in its chunk (``first`` given with one
+        item) is held apart until a later chunk is in, then judged the same
+        way against the chunks' weighted median (:meth:`_judge_lone_firsts`):
+        the first two of 2 MiB seeded noise arrays took 15-18 ms against
+        3 ms after, and a map decided on them read 10 ms an item.
         """
         if n_items <= 0:
             return
@@ -224,18 +233,41 @@ class Evidence:
         if not computing:
             self.wall_chunks += 1
         per_item = work / n_items
-        if first is not None and n_items > 1 and len(self.warm_ups) < self.n_workers:
+        first_calls = len(self.warm_ups) + len(self.lone_firsts)
+        if first is not None and n_items > 1 and first_calls < self.n_workers:
             first_s = first[1] if computing else first[0]
             others = max(work - first_s, 0.0) / (n_items - 1)
             if first_s > WARM_UP_FACTOR * others:
                 per_item = others
                 self.warm_ups.append(first_s - others)
-        self.per_item.append(per_item)
-        self.weights.append(n_items)
+        if first is not None and n_items == 1 and first_calls < self.n_workers:
+            self.lone_firsts.append(per_item)
+        else:
+            self.per_item.append(per_item)
+            self.weights.append(n_items)
+            self._judge_lone_firsts()
         if compute_s > 0:
             self.cpu_share.append(min(1.0, max(cpu_s, 0.0) / compute_s))
         if isinstance(gil, GilProfile) and gil.telling:
             self.watches.append(gil)
+
+    def _judge_lone_firsts(self) -> None:
+        """Sort the first calls held apart (:attr:`lone_firsts`) by the chunks' figure now.
+
+        One over :data:`WARM_UP_FACTOR` times the weighted median of the
+        other chunks is a warm-up (:attr:`warm_ups`), as a longer chunk's
+        first call would be; the others count as chunks of one item.
+        """
+        if not self.lone_firsts or not self.per_item:
+            return
+        steady = self._weighted_median(sorted(zip(self.per_item, self.weights)), sum(self.weights))
+        for seconds in self.lone_firsts:
+            if seconds > WARM_UP_FACTOR * steady:
+                self.warm_ups.append(seconds - steady)
+            else:
+                self.per_item.append(seconds)
+                self.weights.append(1)
+        self.lone_firsts.clear()
 
     def ready(self) -> bool:
         """Whether the evidence suffices to decide.
@@ -397,7 +429,8 @@ class Evidence:
         first call each); more are slow items, and all count.
         """
         if not self.per_item:
-            return 0.0
+            # Only first calls so far: they are all there is to go by.
+            return statistics.median(self.lone_firsts) if self.lone_firsts else 0.0
         total = sum(self.weights)
         pairs = sorted(zip(self.per_item, self.weights))
         if not self.wall_chunks:
@@ -629,6 +662,9 @@ class Evidence:
             else "too short alone to tell whether the GIL is held"
         )
         watched = f"; {n} GIL watch{'es' if n != 1 else ''} {verdict}" if n else ""
+        if not n and kind is not None and self.cpu_share:
+            share = statistics.median(self.cpu_share)
+            watched = f"; its chunks were on a CPU {share:.0%} of the time: it {kind}"
         busy = f" by {self.busy_threads:.1f} busy threads" if self.busy_threads is not None else ""
         idle = (
             f", while {self.idle_cores:.1f} +- {self.idle_error:.1f} of the machine's cores sat idle"

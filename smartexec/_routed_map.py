@@ -178,7 +178,7 @@ class RoutedMap:
         if (
             not self.settled
             and not evidence.stay_noted
-            and evidence.per_item
+            and (evidence.per_item or evidence.lone_firsts)
             and ex is not None
             and ex._options.prefer is None  # prefer= skips the measurement: nothing is learned
         ):

@@ -136,6 +136,7 @@ def _worker_watch_key(fn):
 
     key = _remote._watch_key(fn)
     _remote._watched.pop(key, None)  # as in a fresh worker
+    _remote._last_call_s.pop(key, None)
     return key
 
 
@@ -161,12 +162,26 @@ def test_a_long_chunk_is_watched_after_its_first_items():
     assert len(result.outcomes) == len(calls)
 
 
-def test_a_one_item_chunk_is_watched_whole():
+def test_a_one_item_chunk_is_watched_whole_after_a_long_enough_call():
     from smartexec import _remote
 
     _worker_watch_key(_nap)
-    result = _remote.run_chunk(_nap, [((0.0,), {})], remote=True)
+    long_call = [((1.5 * _remote.MIN_WATCHED_S,), {})]
+    # A process's first call holds its warm-up (imports, caches): not watched.
+    assert _remote.run_chunk(_nap, long_call, remote=True).gil is None
+    result = _remote.run_chunk(_nap, long_call, remote=True)
     assert result.gil is not None and result.gil.items == 1
+
+
+def test_a_one_item_chunk_after_a_short_call_is_not_watched():
+    from smartexec import _remote
+
+    key = _worker_watch_key(_nap)
+    _remote.run_chunk(_nap, [((0.0,), {})], remote=True)
+    # Its last call ran far under MIN_WATCHED_S: a watch of the next would
+    # be too short for the parent to read, and only spend the budget.
+    assert _remote.run_chunk(_nap, [((0.0,), {})], remote=True).gil is None
+    assert _remote._watched.get(key, 0.0) == 0.0
 
 
 def test_a_chunk_stopped_at_its_budget_before_the_watch_keeps_its_outcomes():

@@ -75,6 +75,11 @@ class FailingIterator:
         return self.i - 1
 
 
+def _after_two_chunks(self):
+    """Evidence.ready after two chunks of one item each, a worker's first call (a warm-up) or not."""
+    return len(self.per_item) + len(self.lone_firsts) + len(self.warm_ups) >= 2
+
+
 @pytest.fixture
 def forced_move(monkeypatch):
     """The next routed map starts on fork and moves to threads after its first two chunks."""
@@ -82,7 +87,7 @@ def forced_move(monkeypatch):
     # The new stream's first read must reach the input: chunks taken back
     # from the old one (ChunkStream.take_back) would fill its first window.
     monkeypatch.setattr(ChunkStream, "take_back", lambda self: [])
-    monkeypatch.setattr(routed_map.Evidence, "ready", lambda self: len(self.per_item) >= 2)
+    monkeypatch.setattr(routed_map.Evidence, "ready", _after_two_chunks)
     monkeypatch.setattr(
         routed_map,
         "reroute",

@@ -244,9 +244,14 @@ def test_results_are_not_kept_alive_once_handed_out(ordered, backend):
             assert ref() is None
 
 
+def _after_two_chunks(self):
+    """Evidence.ready after two chunks of one item each, a worker's first call (a warm-up) or not."""
+    return len(self.per_item) + len(self.lone_firsts) + len(self.warm_ups) >= 2
+
+
 def _force_a_move(monkeypatch, target):
     """Make the next routed map move to ``target`` after its first two chunks."""
-    monkeypatch.setattr(routed_map.Evidence, "ready", lambda self: len(self.per_item) >= 2)
+    monkeypatch.setattr(routed_map.Evidence, "ready", _after_two_chunks)
 
     def forced(evidence, **kwargs):
         return Reroute(target, {}, f"moved to {target} by the test")
