@@ -197,7 +197,8 @@ def _time_notes() -> None:
 
 
 _PREDICTED = re.compile(
-    r"predicted for the (next )?(\d+) items (?:left|not sent yet|\(the input's [^)]*\)): (.*?) -> "
+    r"predicted for the (next )?(\d+) items (?:left|not sent yet|\(the input's [^)]*\))"
+    r"(?: and the (\d+) in flight on \w+)?: (.*?) -> "
 )
 
 
@@ -216,13 +217,14 @@ def _prediction(decisions: Any) -> dict[str, Any] | None:
                 continue
             figures = dict(
                 (route, float(value))
-                for route, value in re.findall(r"(\w+) ([\d.]+) s", found.group(3))
+                for route, value in re.findall(r"(\w+) ([\d.]+) s", found.group(4))
             )
             route = decision.backend
             if "moves to inline" in reason:
                 route = "inline"
             if route in figures:
                 out = {"left": int(found.group(2)), "route": route, "seconds": figures[route]}
+                out["in_flight"] = int(found.group(3) or 0)
                 out["next"] = bool(found.group(1))
                 # "the next N items" of an input of unknown length: the time
                 # to its end is no measure of that prediction.

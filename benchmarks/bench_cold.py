@@ -376,7 +376,9 @@ def prediction_note(workload: cw.Workload, runs: list[Run]) -> str | None:
             continue
         if predicted["seconds"] <= 0:
             continue  # under the reason's 1 ms resolution ("0.000 s"): nothing to compare
-        pairs.append((predicted["seconds"] * total / predicted["left"], r.wall_s, predicted))
+        # The prediction runs to the map's end: the items not sent, and those in flight.
+        covered = predicted["left"] + predicted.get("in_flight", 0)
+        pairs.append((predicted["seconds"] * total / covered, r.wall_s, predicted))
         if predicted.get("took"):
             rests.append(_off_by(predicted["seconds"], predicted["took"]))
     if not pairs:
@@ -393,7 +395,9 @@ def prediction_note(workload: cw.Workload, runs: list[Run]) -> str | None:
     return (
         f"{workload.name}: explain() predicted {seconds(predicted['seconds'])} s for the"
         f"{' next' if predicted.get('next') else ''} {predicted['left']} items"
-        f"{'' if predicted.get('next') else ' left'} on {predicted['route']}{rest}. Whole map ~"
+        f"{'' if predicted.get('next') else ' left'}"
+        f"{' and ' + str(predicted['in_flight']) + ' in flight' if predicted.get('in_flight') else ''}"
+        f" on {predicted['route']}{rest}. Whole map ~"
         f"{seconds(projected)} s; the run took {seconds(measured)} s: off by "
         f"{_off_by(projected, measured):.2f}x"
     )

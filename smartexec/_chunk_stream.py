@@ -610,6 +610,12 @@ class ChunkStream:
         return [slot.future for slot in self._window]
 
     @property
+    def in_flight(self) -> int:
+        """Items sent whose chunk has not ended yet (int)."""
+        with self._lock:
+            return sum(len(slot.calls) for slot in self._window if not slot.future.done())
+
+    @property
     def late_error(self) -> BaseException | None:
         """The input's (or a send's) error, once every chunk sent before it is done; else None."""
         return None if self._window else self._input_error

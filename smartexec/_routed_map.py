@@ -360,6 +360,7 @@ class RoutedMap:
             cpus=ex._platform.cpu_count,
             prior=self.decision.gil.kind if self.decision.gil is not None else None,
             may_move=not refresh_only,
+            in_flight=stream.in_flight,
         )
         # A stay from the first chunks is noted now (a map that ends early
         # still leaves its profile) and taken again until MAX_SAMPLES chunks

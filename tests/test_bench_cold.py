@@ -112,6 +112,19 @@ def test_the_settling_prediction_is_read_from_explains_own_words():
     assert 0 < predicted["left"] < n and predicted["seconds"] > 0, predicted
 
 
+def test_a_prediction_to_the_maps_end_is_read_with_its_items_in_flight():
+    from smartexec._decision import Decision
+
+    reason = (
+        "measured in the workers: 40 items in 4 chunks, mean 1.0 ms per item; predicted "
+        "for the 60 items not sent yet and the 12 in flight on fork: fork 0.040 s, "
+        "thread 0.030 s -> the rest moves to thread (1.3x)"
+    )
+    predicted = _cold_child._prediction([Decision("thread", (reason,))])
+    assert predicted is not None
+    assert (predicted["left"], predicted["in_flight"], predicted["seconds"]) == (60, 12, 0.03)
+
+
 @pytest.mark.timeout(120)
 def test_a_contender_that_cannot_pickle_a_closure_fails_and_is_not_best():
     env = dict(os.environ)

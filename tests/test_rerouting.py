@@ -123,6 +123,26 @@ def test_waiting_work_moves_from_processes_to_threads():
     assert "moves to thread" in move.reason and "90 items not sent yet" in move.reason
 
 
+def test_items_in_flight_end_where_they_were_sent_and_count_to_the_maps_end():
+    # 20 items of 10 ms on fork's two workers not back yet, 90 not sent.
+    routes = {"fork": (2, 0.0), "thread": (6, 0.0)}
+    args = {"current": "fork", "candidates": routes, "send_s": 1e-5, "rest": 90, "cpus": 2}
+    alone = reroute(evidence(HOLDS, HOLDS), **args)
+    flying = reroute(evidence(HOLDS, HOLDS), in_flight=20, **args)
+    # On fork the rest runs after them: 10 waves of 10 ms more.
+    assert flying.predicted["fork"] == pytest.approx(alone.predicted["fork"] + 0.1, rel=0.01)
+    assert "90 items not sent yet and the 20 in flight on fork" in flying.reason
+    # Waiting items elsewhere run beside them: the later of the two ends
+    # (threads' 15 waves of 10 ms, fork's 10 or 20).
+    waits = reroute(evidence(WAITS, WAITS), in_flight=20, **args)
+    assert waits.predicted["thread"] == pytest.approx(0.15) and waits.target == "thread"
+    many = reroute(evidence(WAITS, WAITS), in_flight=40, **args)
+    assert many.predicted["thread"] == pytest.approx(0.2)
+    # Computing items elsewhere share the CPUs with them: (20 + 90) x 10 ms on 2.
+    computing = reroute(evidence(RELEASES, RELEASES), in_flight=20, **args)
+    assert computing.predicted["thread"] == pytest.approx(0.55, rel=0.01)
+
+
 def test_gil_holding_work_stays_on_processes():
     stay = reroute(
         evidence(HOLDS, HOLDS),
