@@ -444,7 +444,7 @@ _watched: dict[tuple[str, str], float] = {}
 _watched_lock = threading.Lock()
 
 #: Per callable, the seconds per call of its last chunk run in this process
-#: while its watch was due (a call of one not run yet here: 0.0).
+#: while its watch was due (no entry: not run here yet).
 _last_call_s: dict[tuple[str, str], float] = {}
 
 

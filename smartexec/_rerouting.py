@@ -740,12 +740,18 @@ def reroute(
             kept. Near the end of a map, its chunks shrink, a cost paid per
             chunk weighs more, and a move there (the last 192 of 5,000
             items to a loop) would route the next run by its tail.
-        in_flight: items sent to ``current`` and not back yet. On a
-            process route they wait in its workers' queues and end there
-            whatever the rest does: each route's prediction then runs to
-            the map's end (see :func:`_with_in_flight`). On threads, the
-            chunks in flight already run side by side (the window is the
-            pool's width) and end within a chunk's time: left out.
+        in_flight: items sent to a process route ``current`` and not back
+            yet: each route is predicted for them and the rest, to the
+            map's end. They wait in its workers' queues: on ``current`` the
+            rest follows them, and a move takes back those no worker has
+            begun, which then go with the rest (most of them: a worker runs
+            one chunk at a time). Left out, JSON documents on fork, ~6,000
+            items in flight at the map's last look, were predicted at
+            0.033 s for a rest that took 0.105 s; priced beside the new
+            route instead of with it, a move to threads of 50 items on one
+            fork worker took 12 of its 16 in flight along, and was predicted
+            for 14. On threads (or a loop) chunks in flight already run side
+            by side and end within a chunk's time: not counted.
 
     Returns:
         A :class:`Reroute`; ``target`` is None unless another route is
@@ -756,6 +762,8 @@ def reroute(
     kind = evidence.kind
     priced = kind if kind is not None else prior  # the kind the figures are taken on
     left = evidence.items if rest is None else rest
+    if current in ("thread", "inline"):
+        in_flight = 0  # chunks on threads run side by side already: they end within a chunk
     per_item_s, cores = _priced_item(evidence, current, priced)
     predicted = {
         route: predict_s(
@@ -763,7 +771,7 @@ def reroute(
             kind=priced,
             per_item_s=per_item_s,
             send_s=send_s,
-            rest=left,
+            rest=left + in_flight,
             cpus=cpus,
             workers=workers,
             startup_s=startup_s + (0.0 if route == current else evidence.warm_up_s),
@@ -771,19 +779,6 @@ def reroute(
         )
         for route, (workers, startup_s) in candidates.items()
     }
-    if in_flight > 0 and current not in ("thread", "inline"):
-        workers = candidates[current][0]
-        in_flight_s = predict_s(
-            current,
-            kind=priced,
-            per_item_s=per_item_s,
-            send_s=send_s / 2,  # their arguments are sent; their results still come
-            rest=in_flight,
-            cpus=cpus,
-            workers=workers,
-            cores=cores,
-        )
-        predicted = _with_in_flight(predicted, current, in_flight_s, candidates, cpus, priced)
     figures = ", ".join(f"{route} {seconds:.3f} s" for route, seconds in predicted.items())
     if priced is not None and kind is None:
         figures += f" (on the GIL use measured before: {priced})"
@@ -794,7 +789,7 @@ def reroute(
         if rest is not None
         else f"the next {left} items (the input's length is unknown: as many as measured)"
     )
-    if in_flight > 0 and current not in ("thread", "inline"):
+    if in_flight > 0:
         items += f" and the {in_flight} in flight on {current}"
     what = f"{evidence.describe()}; predicted for {items}: {figures}"
     if best == current:
@@ -802,48 +797,6 @@ def reroute(
             None, predicted, f"{what} -> stays on {current} ({_why_stay(kind, current, known)})"
         )
     return _move_if_worth_it(what, current, best, predicted, may_move)
-
-
-def _with_in_flight(
-    predicted: dict[str, float],
-    current: str,
-    in_flight_s: float,
-    candidates: dict[str, tuple[int, float]],
-    cpus: int,
-    kind: GilKind | None,
-) -> dict[str, float]:
-    """``predicted`` (for the items not sent) to the map's end, with items in flight on ``current``.
-
-    Those items end on ``current`` in ``in_flight_s`` seconds whatever the
-    rest does: there the rest runs after them, and so it does in a loop in
-    the calling thread (which runs an item as it is read, after the results
-    before it). On other workers it runs beside them, sharing the CPUs: no
-    sooner than the core-seconds of both over ``cpus``, each keeping busy
-    as many cores as it has workers (up to ``cpus``), or one for threads
-    that may hold the GIL, or none for items that wait. Left out, a map's
-    prediction missed the chunks it had sent ahead (JSON documents on fork,
-    ~6,000 items in flight at the last look, were predicted 0.033 s for a
-    rest that took 0.105 s to end); priced beside them without sharing the
-    CPUs, a loop and GIL-holding threads looked 1.3-1.4x faster than fork,
-    and the map moved and took 1.1-1.3x as long. (A move takes back the
-    chunks no worker has begun, which then go with the rest: counted here
-    as in flight, a little in the current route's favour.)
-    """
-
-    def cores(route: str) -> float:
-        if kind == "waits":
-            return 0.0
-        if route == "thread" and kind != "releases":
-            return 1.0
-        return float(min(candidates[route][0], cpus))
-
-    busy = in_flight_s * cores(current)
-    return {
-        route: seconds + in_flight_s
-        if route in (current, "inline")
-        else max(seconds, in_flight_s, (busy + seconds * cores(route)) / max(1, cpus))
-        for route, seconds in predicted.items()
-    }
 
 
 def _known_predictions(

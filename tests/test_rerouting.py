@@ -123,7 +123,7 @@ def test_waiting_work_moves_from_processes_to_threads():
     assert "moves to thread" in move.reason and "90 items not sent yet" in move.reason
 
 
-def test_items_in_flight_end_where_they_were_sent_and_count_to_the_maps_end():
+def test_items_in_flight_on_processes_count_with_the_rest_on_every_route():
     # 20 items of 10 ms on fork's two workers not back yet, 90 not sent.
     routes = {"fork": (2, 0.0), "thread": (6, 0.0)}
     args = {"current": "fork", "candidates": routes, "send_s": 1e-5, "rest": 90, "cpus": 2}
@@ -132,15 +132,37 @@ def test_items_in_flight_end_where_they_were_sent_and_count_to_the_maps_end():
     # On fork the rest runs after them: 10 waves of 10 ms more.
     assert flying.predicted["fork"] == pytest.approx(alone.predicted["fork"] + 0.1, rel=0.01)
     assert "90 items not sent yet and the 20 in flight on fork" in flying.reason
-    # Waiting items elsewhere run beside them: the later of the two ends
-    # (threads' 15 waves of 10 ms, fork's 10 or 20).
+    # A move takes back those no worker began: they go with the rest.
     waits = reroute(evidence(WAITS, WAITS), in_flight=20, **args)
-    assert waits.predicted["thread"] == pytest.approx(0.15) and waits.target == "thread"
-    many = reroute(evidence(WAITS, WAITS), in_flight=40, **args)
-    assert many.predicted["thread"] == pytest.approx(0.2)
-    # Computing items elsewhere share the CPUs with them: (20 + 90) x 10 ms on 2.
-    computing = reroute(evidence(RELEASES, RELEASES), in_flight=20, **args)
-    assert computing.predicted["thread"] == pytest.approx(0.55, rel=0.01)
+    assert waits.predicted["thread"] == pytest.approx(0.19)  # 110 items, 6 at a time
+    assert waits.target == "thread"
+
+
+def test_items_in_flight_weigh_against_a_move_that_would_take_them_along():
+    # A breaker's case: 300 items queued on fork, 100 not sent, 3 ms items
+    # that hold the GIL, 8 CPUs. Priced beside fork's queue, threads read
+    # 0.45 s against fork's 0.60 s and the map moved; on threads the ~400
+    # items taken along take 1.8 s.
+    found = Evidence(2)
+    for _ in range(8):
+        found.add(2, 0.006, 0.006, GilProfile("holds", 3, 0.009, 1.0, 1.0, 18))
+    routes = {"fork": (2, 0.0), "thread": (8, 0.0), "inline": (1, 0.0)}
+    verdict = reroute(
+        found, current="fork", candidates=routes, send_s=2e-5, rest=100, cpus=8, in_flight=300
+    )
+    assert verdict.target is None, verdict.reason
+    assert verdict.predicted["thread"] == pytest.approx(400 * 0.003 * 1.5, rel=0.01)
+    # On threads, chunks in flight run side by side already: not counted.
+    on_threads = reroute(
+        evidence(RELEASES, RELEASES),
+        current="thread",
+        candidates={"thread": (6, 0.0), "inline": (1, 0.0)},
+        send_s=0.0,
+        rest=90,
+        cpus=2,
+        in_flight=30,
+    )
+    assert "in flight" not in on_threads.reason
 
 
 def test_gil_holding_work_stays_on_processes():
