@@ -456,14 +456,14 @@ def _watch_key(fn: Any) -> tuple[str, str]:
     return str(module), str(name)
 
 
-def _watch_due(fn: Any) -> tuple[str, str] | None:
-    """The key to charge a watched chunk to, while ``fn``'s watch budget lasts."""
+def _watch_due(fn: Any) -> tuple[tuple[str, str], float | None] | None:
+    """While ``fn``'s watch budget lasts: the key to charge a watched chunk to, and its seconds per call in its last chunk here (None: not run here yet)."""
     try:
         key = _watch_key(fn)
     except Exception:  # an odd callable's __getattr__: run it unwatched
         return None
     with _watched_lock:
-        return key if _watched.get(key, 0.0) < WATCH_S else None
+        return (key, _last_call_s.get(key)) if _watched.get(key, 0.0) < WATCH_S else None
 
 
 def _watched_for(key: tuple[str, str], seconds: float) -> None:
@@ -471,8 +471,8 @@ def _watched_for(key: tuple[str, str], seconds: float) -> None:
         _watched[key] = _watched.get(key, 0.0) + seconds
 
 
-def _last_call(key: tuple[str, str]) -> float | None:
-    """Seconds per call of ``key``'s callable in its last chunk here; None before its first call.
+def _one_call_watched(last_s: float | None) -> bool:
+    """Whether a chunk of one call is watched, given its callable's seconds per call in its last chunk here (None: its first call here).
 
     A chunk of one call is watched only when its callable's last chunk here
     ran at least :data:`MIN_WATCHED_S` a call: the parent reads no watch
@@ -485,8 +485,7 @@ def _last_call(key: tuple[str, str]) -> float | None:
     than threads. Such a first call is reported apart instead
     (:attr:`ChunkResult.first`).
     """
-    with _watched_lock:
-        return _last_call_s.get(key)
+    return last_s is not None and last_s >= MIN_WATCHED_S
 
 
 def forget_watches() -> None:
@@ -542,7 +541,7 @@ def run_chunk(
         measurement (:class:`~smartexec.gil.GilSampler`: a thread that wakes
         every 0.5 ms): of the whole chunk when it holds one call and the
         callable's last chunk here ran :data:`MIN_WATCHED_S` a call (none
-        for a process's first call: see :func:`_last_call`); else of
+        for a process's first call: see :func:`_one_call_watched`); else of
         the items left at the first check (after 1, 2, 4, ... items, at most
         :data:`MAX_UNCHECKED_ITEMS` apart) past :data:`WATCH_AFTER_S`, when
         at the pace so far they run :data:`MIN_WATCHED_S` more; none when
@@ -556,11 +555,11 @@ def run_chunk(
     if not isinstance(entries, Sequence):
         entries = list(entries)  # an iterator: its length is needed
     run = _ChunkRun(fn, 2 if packed and chunk.single else 1 if packed else 0, remote)  # type: ignore[union-attr]
-    key = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
+    due = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
+    key, last_s = due if due is not None else (None, None)
     one_call = len(entries) <= 1
-    last_s = _last_call(key) if key is not None else None
     fresh = key is not None and last_s is None  # this process's first call of fn
-    if one_call and last_s is not None and last_s >= MIN_WATCHED_S:
+    if one_call and _one_call_watched(last_s):
         run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     run.clock_cpu = clock_cpu
     run.own = remote and getattr(chunk, "snapshots", False)

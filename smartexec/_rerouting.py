@@ -237,9 +237,8 @@ class Evidence:
         if first is not None and n_items > 1 and first_calls < self.n_workers:
             first_s = first[1] if computing else first[0]
             others = max(work - first_s, 0.0) / (n_items - 1)
-            if first_s > WARM_UP_FACTOR * others:
+            if self._warmed_up(first_s, others):
                 per_item = others
-                self.warm_ups.append(first_s - others)
         if first is not None and n_items == 1 and first_calls < self.n_workers:
             self.lone_firsts.append(per_item)
         else:
@@ -262,12 +261,17 @@ class Evidence:
             return
         steady = self._weighted_median(sorted(zip(self.per_item, self.weights)), sum(self.weights))
         for seconds in self.lone_firsts:
-            if seconds > WARM_UP_FACTOR * steady:
-                self.warm_ups.append(seconds - steady)
-            else:
+            if not self._warmed_up(seconds, steady):
                 self.per_item.append(seconds)
                 self.weights.append(1)
         self.lone_firsts.clear()
+
+    def _warmed_up(self, first_s: float, steady_s: float) -> bool:
+        """Whether a worker's first call of ``first_s`` seconds was a warm-up beside calls of ``steady_s``; if so, kept in :attr:`warm_ups`."""
+        if first_s <= WARM_UP_FACTOR * steady_s:
+            return False
+        self.warm_ups.append(first_s - steady_s)
+        return True
 
     def ready(self) -> bool:
         """Whether the evidence suffices to decide.
