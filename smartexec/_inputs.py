@@ -135,8 +135,13 @@ def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) ->
     """Time sending a sample of arguments and results; store the per-item cost.
 
     When pickling the first item shows that the whole sample pickles within
-    :data:`PICKLE_SAMPLE_S`, the sample is pickled in one go, as a chunk is
-    sent: one pickler's set-up (a few microseconds) is shared by its items,
+    :data:`PICKLE_SAMPLE_S`, the others are pickled in one go, as a chunk is
+    sent, and priced alone: the first only paces the sample, as a
+    process's first pickling pays for set-up that later ones do not (300-380
+    us of CPU for one ~3 KB JSON document in a fresh process, against ~2 us
+    an item after; priced with it, 13-16 documents read 44-67 us an item to
+    send, and the map moved from fork to a loop 1.5x slower). One pickler's
+    set-up (a few microseconds) is shared by the chunk's items,
     as in a chunk, instead of being charged to each (small items read ~20x
     too dear, and maps of 5 us items that a process pool wins stayed
     inline), and a big argument that every item holds counts once, as a
@@ -169,8 +174,8 @@ def measure_pickling(estimate: Estimate, args: list[Any], results: list[Any]) ->
                 del first, others
                 estimate.send_per_chunk_s = shared * SHM_WRITE_S_PER_BYTE
                 estimate.pickle_parent_s = (
-                    2 * (pickling_s + rest_s) + (big + rest_big - 2 * shared) * SHM_WRITE_S_PER_BYTE
-                ) / n
+                    2 * rest_s + (rest_big - shared) * SHM_WRITE_S_PER_BYTE
+                ) / (n - 1)
                 return
         for item in pairs:
             seconds += estimate_send_s(item)

@@ -203,9 +203,12 @@ def estimate_send_s(obj: Any) -> float:
 def send_parts(obj: Any, buffers: dict[int, tuple[int, Any]] | None = None) -> tuple[float, int]:
     """``(seconds to pickle obj, bytes of its big buffers)``: what :func:`estimate_send_s` prices.
 
-    The seconds are those just spent pickling it into nothing (big buffers
-    out of band, not copied): what measuring it costs. A buffer ``obj``
-    holds twice counts once (pickle's memo).
+    The seconds are this thread's CPU seconds just spent pickling it into
+    nothing (big buffers out of band, not copied): what measuring it costs.
+    Not the wall clock: a thread preempted while it pickles (by a worker,
+    or a reader thread, on the same core) spends nothing while it waits,
+    as the sends are timed (see :meth:`smartexec._rerouting.Evidence.send_s`).
+    A buffer ``obj`` holds twice counts once (pickle's memo).
 
     Args:
         obj: what to price.
@@ -234,6 +237,6 @@ def send_parts(obj: Any, buffers: dict[int, tuple[int, Any]] | None = None) -> t
             return False
         return True
 
-    start = time.perf_counter()
+    start = time.thread_time()
     _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=offer).dump(obj)
-    return time.perf_counter() - start, big
+    return time.thread_time() - start, big
