@@ -346,13 +346,13 @@ class ChunkResult(NamedTuple):
             (a :class:`~smartexec.gil.GilProfile`), for the first chunks of
             each callable in each worker process (see :func:`run_chunk`);
             None for the others.
-        first: ``(wall, CPU)`` seconds of the chunk's first call, the CPU
-            -1.0 when not read; for a chunk of one call, only when that call
-            was the worker process's first of the callable (else None, as
-            where not measured). A fresh worker's first call pays for what later calls
-            do not (the pages it copies after the fork, first imports): 270
-            us against 2.4 us for a numpy call, which read 6.7 us an item
-            over the chunk of 64 (see :meth:`smartexec._rerouting.Evidence.add`).
+        first: ``(wall, CPU)`` seconds of the chunk's first call when it
+            was this process's first call of the callable (the CPU -1.0
+            when not read); else None, as where not measured. A fresh
+            worker's first call pays for what later calls do not (the pages
+            it copies after the fork, first imports): 270 us against 2.4 us
+            for a numpy call, which read 6.7 us an item over the chunk of
+            64 (see :meth:`smartexec._rerouting.Evidence.add`).
         receive_s: seconds the worker spent taking in a request of at least
             :data:`BIG_REQUEST_BYTES` pickled bytes (reading it from its
             pipe, unpickling it) before the first call; 0.0 for smaller ones,
@@ -444,7 +444,7 @@ _watched: dict[tuple[str, str], float] = {}
 _watched_lock = threading.Lock()
 
 #: Per callable, the seconds per call of its last chunk run in this process
-#: while its watch was due (no entry: not run here yet).
+#: (no entry: not called here yet; NaN: its first chunk here is running).
 _last_call_s: dict[tuple[str, str], float] = {}
 
 
@@ -456,14 +456,32 @@ def _watch_key(fn: Any) -> tuple[str, str]:
     return str(module), str(name)
 
 
-def _watch_due(fn: Any) -> tuple[tuple[str, str], float | None] | None:
-    """While ``fn``'s watch budget lasts: the key to charge a watched chunk to, and its seconds per call in its last chunk here (None: not run here yet)."""
+class _CallState(NamedTuple):
+    """What a chunk finds of its callable in this process (see :func:`_call_state`)."""
+
+    key: tuple[str, str]
+    #: Seconds per call of its last chunk here; None: this chunk makes the
+    #: process's first call of it; NaN: that first chunk is still running.
+    last_s: float | None
+    #: Its GIL watch budget (:data:`WATCH_S`) is not spent.
+    watch_due: bool
+
+
+def _call_state(fn: Any) -> _CallState | None:
+    """``fn``'s key, last seconds per call and watch budget here, in one read; None for an odd callable.
+
+    The chunk that finds no entry claims the process's first call of
+    ``fn``: a chunk starting beside it on another thread is not a first.
+    """
     try:
         key = _watch_key(fn)
     except Exception:  # an odd callable's __getattr__: run it unwatched
         return None
     with _watched_lock:
-        return (key, _last_call_s.get(key)) if _watched.get(key, 0.0) < WATCH_S else None
+        last_s = _last_call_s.get(key)
+        if last_s is None:
+            _last_call_s[key] = math.nan
+        return _CallState(key, last_s, _watched.get(key, 0.0) < WATCH_S)
 
 
 def _watched_for(key: tuple[str, str], seconds: float) -> None:
@@ -485,7 +503,7 @@ def _one_call_watched(last_s: float | None) -> bool:
     than threads. Such a first call is reported apart instead
     (:attr:`ChunkResult.first`).
     """
-    return last_s is not None and last_s >= MIN_WATCHED_S
+    return last_s is not None and last_s >= MIN_WATCHED_S  # (False for NaN)
 
 
 def forget_watches() -> None:
@@ -535,7 +553,8 @@ def run_chunk(
 
     Returns:
         A :class:`ChunkResult` with one outcome per item run, in order, the
-        chunk's wall and CPU seconds (and its first call's), and, while the callable has had under
+        chunk's wall and CPU seconds (and, where it made this process's first
+        call of ``fn``, that call's apart), and, while the callable has had under
         :data:`WATCH_S` seconds of watched work in this process (each
         watched chunk counting at least :data:`WATCH_MIN_CHARGE_S`), a GIL
         measurement (:class:`~smartexec.gil.GilSampler`: a thread that wakes
@@ -555,11 +574,11 @@ def run_chunk(
     if not isinstance(entries, Sequence):
         entries = list(entries)  # an iterator: its length is needed
     run = _ChunkRun(fn, 2 if packed and chunk.single else 1 if packed else 0, remote)  # type: ignore[union-attr]
-    due = _watch_due(fn) if watch and clock_cpu else None  # a reply nobody reads
-    key, last_s = due if due is not None else (None, None)
+    state = _call_state(fn) if clock_cpu else None  # None: a reply nobody reads
+    watching = state is not None and watch and state.watch_due
+    last_s = state.last_s if state is not None else math.nan
     one_call = len(entries) <= 1
-    fresh = key is not None and last_s is None  # this process's first call of fn
-    if one_call and _one_call_watched(last_s):
+    if one_call and watching and _one_call_watched(last_s):
         run.sampler = _started_sampler()  # one item: watched whole (a submit, a measuring chunk)
     run.clock_cpu = clock_cpu
     run.own = remote and getattr(chunk, "snapshots", False)
@@ -567,7 +586,7 @@ def run_chunk(
     start = run.start = time.perf_counter()
     run.deadline = math.inf if budget_s is None else start + budget_s
     try:
-        if key is not None and not one_call:
+        if watching and not one_call:
             run.watch_midway(entries, start)
         elif not one_call:
             items = iter(entries)
@@ -579,16 +598,16 @@ def run_chunk(
         wall = time.perf_counter() - start - run.paused
         cpu = time.thread_time() - run.cpu_start - run.paused_cpu if clock_cpu else -1.0
         gil = None
-        if run.sampler is not None and key is not None:
+        if run.sampler is not None and state is not None:
             run.sampler.items = len(run.outcomes) - run.watched_from
             gil = run.sampler.stop()
-            _watched_for(key, max(run.sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
-        if key is not None and run.outcomes:
+            _watched_for(state.key, max(run.sampler.elapsed_s(), WATCH_MIN_CHARGE_S))
+        if state is not None and run.outcomes:
             with _watched_lock:
-                _last_call_s[key] = wall / len(run.outcomes)
-    first = run.first if len(run.outcomes) > 1 else None
-    if one_call and fresh and run.outcomes:
-        first = (wall, cpu)  # this process's first call, alone in its chunk
+                _last_call_s[state.key] = wall / len(run.outcomes)
+    first = None
+    if last_s is None and run.outcomes:  # this process's first call of fn
+        first = run.first if len(run.outcomes) > 1 else (wall, cpu)
     return ChunkResult(run.outcomes, wall, cpu, gil, first)
 
 

@@ -93,14 +93,6 @@ CHEAP_ITEM_S = 50e-6
 #: items of sigma 1 lose ~10 % of their mean to it.
 OUTLIER_FACTOR = 10.0
 
-#: A worker's first call over this multiple of its chunk's others is a
-#: warm-up (see :meth:`Evidence.add`): a fresh fork worker's first call of
-#: a seeded numpy generator took 17-20 ms, 5-6x the 3.2 ms of its later
-#: ones, and the chunks priced fork near a tie with threads that ran 1.3x
-#: faster. Lower than :data:`OUTLIER_FACTOR`, as it is taken once per
-#: worker at most, and only from the chunk's first call.
-WARM_UP_FACTOR = 3.0
-
 #: Items in the larger chunks, as a multiple of the smallest, for
 #: :meth:`Evidence.per_chunk_send` to compare sending costs.
 PER_CHUNK_MIN_RATIO = 8
@@ -204,17 +196,19 @@ class Evidence:
         A chunk whose CPU seconds were not read (``cpu_s`` < 0, see
         :meth:`~smartexec.backends.thread.ThreadBackend.unclocked`) is no
         evidence: it is left out. A first call (``first``, its ``(wall,
-        CPU)`` seconds) over :data:`WARM_UP_FACTOR` times the chunk's other
-        calls is left out of the chunk's figure, in as many chunks as there
-        are workers (one first call each), and counted as a warm-up
-        (:attr:`warm_up_s`): a fresh fork worker's first numpy call took
-        270 us against 2.4 us for the next 63, and the chunk read 6.7 us an
-        item (a loop, priced at that, was predicted at 2.8x its time). A
-        worker's first call alone in its chunk (``first`` given with one
-        item) is held apart until a later chunk is in, then judged the same
-        way against the chunks' weighted median (:meth:`_judge_lone_firsts`):
-        the first two of 2 MiB seeded noise arrays took 15-18 ms against
-        3 ms after, and a map decided on them read 10 ms an item.
+        CPU)`` seconds) is the worker process's first call of the callable
+        (:attr:`~smartexec._remote.ChunkResult.first`): what it took beyond
+        the steady calls is that process's warm-up (imports, caches, the
+        pages it copies after the fork), paid once, and counted so
+        (:attr:`warm_ups`, :attr:`warm_up_s`), never as work per item. Its
+        chunk's other calls are the steady figure: a fresh fork worker's
+        first numpy call took 270 us against 2.4 us for the next 63, and
+        the chunk read 6.7 us an item (a loop, priced at that, was
+        predicted at 2.8x its time); a first seeded 2 MiB noise array and
+        sort took 18 ms against 6.5 ms, read as 12 ms an item, and fork
+        was predicted at 1.6x its time. A first call alone in its chunk is
+        held apart until a later chunk is in, then judged against the
+        chunks' weighted median (:meth:`_judge_lone_firsts`).
         """
         if n_items <= 0:
             return
@@ -233,15 +227,13 @@ class Evidence:
         if not computing:
             self.wall_chunks += 1
         per_item = work / n_items
-        first_calls = len(self.warm_ups) + len(self.lone_firsts)
-        if first is not None and n_items > 1 and first_calls < self.n_workers:
-            first_s = first[1] if computing else first[0]
-            others = max(work - first_s, 0.0) / (n_items - 1)
-            if self._warmed_up(first_s, others):
-                per_item = others
-        if first is not None and n_items == 1 and first_calls < self.n_workers:
-            self.lone_firsts.append(per_item)
+        if first is not None and n_items == 1:
+            self.lone_firsts.append(per_item)  # judged once a steady figure is in
         else:
+            if first is not None:  # the steady figure is the chunk's other calls
+                first_s = first[1] if computing else first[0]
+                per_item = max(work - first_s, 0.0) / (n_items - 1)
+                self.warm_ups.append(max(first_s - per_item, 0.0))
             self.per_item.append(per_item)
             self.weights.append(n_items)
             self._judge_lone_firsts()
@@ -251,27 +243,17 @@ class Evidence:
             self.watches.append(gil)
 
     def _judge_lone_firsts(self) -> None:
-        """Sort the first calls held apart (:attr:`lone_firsts`) by the chunks' figure now.
+        """Count the first calls held apart (:attr:`lone_firsts`) as warm-ups beside the chunks' figure now.
 
-        One over :data:`WARM_UP_FACTOR` times the weighted median of the
-        other chunks is a warm-up (:attr:`warm_ups`), as a longer chunk's
-        first call would be; the others count as chunks of one item.
+        What each took beyond the weighted median of the chunks is its
+        process's warm-up (:attr:`warm_ups`), as a longer chunk's first
+        call's excess over its other calls is.
         """
         if not self.lone_firsts or not self.per_item:
             return
         steady = self._weighted_median(sorted(zip(self.per_item, self.weights)), sum(self.weights))
-        for seconds in self.lone_firsts:
-            if not self._warmed_up(seconds, steady):
-                self.per_item.append(seconds)
-                self.weights.append(1)
+        self.warm_ups.extend(max(seconds - steady, 0.0) for seconds in self.lone_firsts)
         self.lone_firsts.clear()
-
-    def _warmed_up(self, first_s: float, steady_s: float) -> bool:
-        """Whether a worker's first call of ``first_s`` seconds was a warm-up beside calls of ``steady_s``; if so, kept in :attr:`warm_ups`."""
-        if first_s <= WARM_UP_FACTOR * steady_s:
-            return False
-        self.warm_ups.append(first_s - steady_s)
-        return True
 
     def ready(self) -> bool:
         """Whether the evidence suffices to decide.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import itertools
 import os
@@ -228,13 +229,31 @@ def test_a_chunk_reports_its_first_calls_seconds_apart(monkeypatch):
     ticks = itertools.count()
     clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 0.001, thread_time=lambda: 0.0)
     monkeypatch.setattr(_remote, "time", clock)
+    _worker_watch_key(abs)  # as in a fresh worker
     result = _remote.run_chunk(abs, [((-i,), {}) for i in range(50)], watch=False)
     assert result.first == (0.001, 0.0) and result.compute_s == pytest.approx(0.002)
     assert [value for _, value in result.outcomes] == list(range(50))
+    # Only the process's first call of the callable is reported apart.
+    assert _remote.run_chunk(abs, [((-1,), {}), ((-2,), {})], watch=False).first is None
+    _worker_watch_key(abs)
     unclocked = _remote.run_chunk(abs, [((-1,), {}), ((-2,), {})], watch=False, clock_cpu=False)
-    assert unclocked.first is not None and unclocked.first[1] == -1.0
-    # A chunk of one call has no first call apart from itself.
-    assert _remote.run_chunk(abs, [((-1,), {})], watch=False).first is None
+    assert unclocked.first is None  # figures nobody reads: nothing claimed either
+    assert _remote.run_chunk(abs, [((-1,), {})], watch=False).first is not None
+
+
+def test_only_one_of_the_chunks_starting_together_reports_the_first_call():
+    from smartexec import _remote
+
+    _worker_watch_key(_nap)
+    started = threading.Barrier(4)
+
+    def chunk():
+        started.wait()
+        return _remote.run_chunk(_nap, [((0.001,), {})] * 2, watch=False)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: chunk(), range(4)))
+    assert sum(result.first is not None for result in results) == 1
 
 
 def test_a_watched_chunk_reports_its_first_call_too():
