@@ -329,9 +329,9 @@ def arithmetic_only(fn: Any) -> bool:
     Returns:
         True or False; never raises.
     """
-    code = getattr(fn, "__code__", None)
-    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+    if not isinstance(fn, types.FunctionType):  # first: others may run their own __getattr__
         return False
+    code = fn.__code__
     if len(code.co_code) > MAX_CODE_BYTES or code.co_flags & _NOT_PLAIN or code.co_freevars:
         return False
     if fn.__defaults__ or fn.__kwdefaults__:

@@ -509,3 +509,26 @@ def _route(fn):
     from smartexec.policy import Options, decide
 
     return decide(inspect_callable(fn), current_platform(), Options()).backend
+
+
+class _RaisingGetattr:
+    """A callable whose ``__getattr__`` raises something other than AttributeError."""
+
+    def __call__(self, x):
+        return x + 1
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name}")
+
+
+@pytest.mark.timeout(60)
+def test_a_callable_whose_getattr_raises_is_mapped_as_the_stdlib_maps_it():
+    # A breaker's callable: ThreadPoolExecutor maps it, and SmartExecutor's
+    # map raised its RuntimeError from reading __code__ for the code hint.
+    from smartexec import SmartExecutor
+
+    odd = _RaisingGetattr()
+    assert not arithmetic_only(odd)
+    with SmartExecutor() as ex:
+        assert list(ex.map(odd, range(3))) == [1, 2, 3]
+        assert ex.submit(odd, 5).result() == 6
