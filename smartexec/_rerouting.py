@@ -208,7 +208,9 @@ class Evidence:
         sort took 18 ms against 6.5 ms, read as 12 ms an item, and fork
         was predicted at 1.6x its time. A first call alone in its chunk is
         held apart until a later chunk is in, then judged against the
-        chunks' weighted median (:meth:`_judge_lone_firsts`).
+        chunks' weighted median (:meth:`_judge_lone_firsts`). One first
+        call per worker at most: past that, workers are being replaced
+        (``max_tasks_per_child``), and a first call counts as its chunk's.
         """
         if n_items <= 0:
             return
@@ -227,6 +229,12 @@ class Evidence:
         if not computing:
             self.wall_chunks += 1
         per_item = work / n_items
+        if first is not None and len(self.warm_ups) + len(self.lone_firsts) >= self.n_workers:
+            # More first calls than workers: the route replaces its workers
+            # (max_tasks_per_child), and its chunks pay their warm-ups. With
+            # one chunk per worker, every chunk was a first call alone, and
+            # no map ever had a steady figure to decide on.
+            first = None
         if first is not None and n_items == 1:
             self.lone_firsts.append(per_item)  # judged once a steady figure is in
         else:

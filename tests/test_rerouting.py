@@ -661,6 +661,24 @@ def test_a_workers_first_call_alone_in_its_chunk_is_judged_by_the_chunks_after_i
     assert alike.warm_ups == [0.0] and alike.per_item == [0.005]
 
 
+def test_first_calls_past_one_per_worker_count_as_their_chunks():
+    # max_tasks_per_child=1: every chunk runs in a fresh worker, its one call
+    # a first call. Held apart, none was ever steady: the map never decided.
+    replaced = Evidence(2)
+    for _ in range(4):
+        replaced.add(1, 0.02, 0.02, None, first=(0.02, 0.02))
+    assert replaced.per_item == [0.02] * 2 and replaced.per_item_s == pytest.approx(0.02)
+    assert len(replaced.warm_ups) == 2 and replaced.lone_firsts == []
+    while not replaced.ready():  # unwatched: a verdict after MAX_SAMPLES chunks
+        replaced.add(1, 0.02, 0.02, None, first=(0.02, 0.02))
+    assert len(replaced.per_item) == MAX_SAMPLES
+    # ... and in longer chunks, each worker's first call pays its warm-up again.
+    longer = Evidence(2)
+    for _ in range(3):
+        longer.add(4, 0.05, 0.05, None, first=(0.02, 0.02))
+    assert longer.per_item == [0.01, 0.01, 0.0125] and len(longer.warm_ups) == 2
+
+
 def test_a_worker_reports_its_first_call_of_a_callable_in_a_chunk_of_one():
     from smartexec import _remote
 
