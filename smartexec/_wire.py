@@ -203,12 +203,12 @@ def estimate_send_s(obj: Any) -> float:
 def send_parts(obj: Any, buffers: dict[int, tuple[int, Any]] | None = None) -> tuple[float, int]:
     """``(seconds to pickle obj, bytes of its big buffers)``: what :func:`estimate_send_s` prices.
 
-    The seconds are this thread's CPU seconds just spent pickling it into
-    nothing (big buffers out of band, not copied): what measuring it costs.
-    Not the wall clock: a thread preempted while it pickles (by a worker,
-    or a reader thread, on the same core) spends nothing while it waits,
-    as the sends are timed (see :meth:`smartexec._rerouting.Evidence.send_s`).
-    A buffer ``obj`` holds twice counts once (pickle's memo).
+    The seconds are those just spent pickling it into nothing (big buffers
+    out of band, not copied): what measuring it costs. The wall clock, not
+    this thread's CPU: an object whose ``__reduce__`` waits (for I/O, a
+    lock) makes every send wait, and only this figure shows it (a 20 ms
+    wait per argument, timed by the CPU clock, kept a map on fork 6x slower
+    than a loop). A buffer ``obj`` holds twice counts once (pickle's memo).
 
     Args:
         obj: what to price.
@@ -237,6 +237,6 @@ def send_parts(obj: Any, buffers: dict[int, tuple[int, Any]] | None = None) -> t
             return False
         return True
 
-    start = time.thread_time()
+    start = time.perf_counter()
     _Pickler(_Discard(), protocol=PROTOCOL, buffer_callback=offer).dump(obj)
-    return time.thread_time() - start, big
+    return time.perf_counter() - start, big

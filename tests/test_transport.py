@@ -468,6 +468,22 @@ def test_the_first_item_only_paces_the_pickling_sample(monkeypatch):
     assert estimate.send_per_chunk_s == 0.0
 
 
+class _WaitsToPickle:
+    """An argument whose pickling waits (for I/O, a lock): 10 ms, no CPU."""
+
+    def __reduce__(self):
+        time.sleep(0.01)
+        return (int, (0,))
+
+
+def test_pickling_that_waits_is_priced_by_its_wait():
+    # Timed by the CPU clock, a 20 ms wait per argument priced fork's sends
+    # at nothing, and the map stayed there, 6x slower than a loop.
+    from smartexec._wire import estimate_send_s
+
+    assert estimate_send_s(_WaitsToPickle()) >= 2 * 0.01  # both ends; a sleep lasts at least that
+
+
 def test_a_big_argument_every_item_shares_is_priced_once_per_chunk():
     # The same 20 MiB array in every call is sent (or proven unchanged) once
     # per chunk: priced 7 ms an item, such maps ran as a loop that a process
