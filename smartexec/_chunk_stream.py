@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._inputs import read_up_to
 from ._remote import Call, ChunkResult
-from .errors import TaskTimeoutError, WorkerCrashedError
+from .errors import (
+    PayloadPicklingError,
+    ResultPicklingError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+)
 from .tuning import MAX_CHUNK_ITEMS, Estimate, chunk_budget_s, chunksize, default_chunksize
 
 if TYPE_CHECKING:
@@ -404,6 +409,12 @@ class ChunkStream:
             if self._recover(slot, exc):
                 return
             error = self._on_chunk_error(exc, slot.calls)
+            if _an_arguments(error) and len(slot.calls) > 1:
+                # An argument could not be sent: the items before it give
+                # their results and the error comes at its own item, as with
+                # ProcessPoolExecutor, which sends each alone.
+                self._split(slot)
+                return
             if error is exc:
                 raise
             raise error from exc
@@ -436,20 +447,23 @@ class ChunkStream:
         except Exception:  # noqa: BLE001 - advice is isolated from the results
             LOGGER.warning("smartexec: a map's routing advice failed; it stays put", exc_info=True)
 
+    def _split(self, slot: _Slot) -> None:
+        """Send each of a failed chunk's items alone, right after it: the others give their results."""
+        singles = [self._post(_Slot([call], slot.retries), None) for call in slot.calls]
+        slot.calls = []
+        at = self._window.index(slot)  # the head, unless read in completion order
+        for offset, single in enumerate(singles, start=1):
+            self._window.insert(at + offset, single)
+
     def _recover(self, slot: _Slot, exc: BaseException) -> bool:
         """Re-send a failed chunk's items where the failure allows; True if done so."""
         crashed = isinstance(exc, WorkerCrashedError)
         if not (crashed or isinstance(exc, TaskTimeoutError)):
             return False
         if len(slot.calls) > 1:
-            # Which item was it? Send each alone, right after this slot. The
-            # failure is charged to none of them: the culprit fails again alone
-            # (and spends its own retries), the others give their results.
-            singles = [self._post(_Slot([call], slot.retries), None) for call in slot.calls]
-            slot.calls = []
-            at = self._window.index(slot)  # the head, unless read in completion order
-            for offset, single in enumerate(singles, start=1):
-                self._window.insert(at + offset, single)
+            # Which item was it? The failure is charged to none of them: the
+            # culprit fails again alone (and spends its own retries).
+            self._split(slot)
             return True
         if isinstance(exc, WorkerCrashedError) and exc.shared_fate and not slot.spared:
             # A backend whose one dead worker fails every chunk it holds (loky):
@@ -789,3 +803,12 @@ class ChunkStream:
                 future.cancel()
         else:
             self._abort(futures)
+
+
+def _an_arguments(error: BaseException) -> bool:
+    """Whether ``error`` says an argument of a call could not be pickled (not the callable, not a result)."""
+    return (
+        isinstance(error, PayloadPicklingError)
+        and not isinstance(error, ResultPicklingError)
+        and error.where.startswith(("argument ", "keyword argument "))
+    )

@@ -36,8 +36,9 @@ class PayloadPicklingError(pickle.PicklingError):
 
     As with ``ProcessPoolExecutor``, it is set on the future, never raised by
     ``SmartExecutor.submit``: ``result()`` raises it, and ``map`` raises it
-    while its results are iterated, at the first item of the chunk that could
-    not be sent. A result that cannot be pickled back from a worker is a
+    while its results are iterated, at the item whose argument could not be
+    sent, after the results of the items before it (at the first item when
+    the callable itself cannot be sent). A result that cannot be pickled back from a worker is a
     :class:`ResultPicklingError` (a subclass, ``where == "result"``).
 
     Attributes:

@@ -205,6 +205,20 @@ def test_unpicklable_argument_in_map_raises_at_its_position():
     assert not isinstance(info.value.__cause__, PayloadPicklingError), info.value.__cause__
 
 
+@pytest.mark.parametrize("backend", [None, "fork", "loky"])
+def test_unpicklable_argument_in_a_chunk_raises_at_its_own_item(backend):
+    # A breaker's map: ProcessPoolExecutor gave items 0-4, then raised at item
+    # 5; SmartExecutor's chunk of 40 raised before item 0.
+    items = [*range(5), threading.Lock(), *range(6, 40)]
+    with SmartExecutor(2, backend=backend) as ex:
+        got = []
+        with pytest.raises(PayloadPicklingError, match="argument 1 "):
+            for value in ex.map(square, items, chunksize=40):
+                got.append(value)
+        assert got == [0, 1, 4, 9, 16]
+        assert ex.submit(square, 5).result(timeout=30) == 25
+
+
 def test_cancel_a_pending_future():
     with SmartExecutor(1, backend="thread") as ex:
         blocker = ex.submit(time.sleep, 0.5)
