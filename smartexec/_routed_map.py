@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -34,11 +35,13 @@ from ._rerouting import CHEAP_ITEM_S, CHEAP_ITEMS, THREADS_MIN_WALL_S, Evidence,
 from ._sender import send_chunk
 from ._system import IDLE_TICK_S
 from .backends._base import Backend
+from .backends._widener import waiting_limit
+from .backends.thread import ThreadBackend
 from .gil import GilProfile, remember
 from .inspection import callable_name
 from .policy import Decision, alternatives, permits
 from .registry import get_backend_class
-from .tuning import Estimate
+from .tuning import Estimate, waiting_width
 from .tuning import chunksize as tuned_chunksize
 
 if TYPE_CHECKING:
@@ -432,11 +435,20 @@ class RoutedMap:
         decision, backend, options = self.decision, self.backend, ex._options
         profile = decision.profile
         cpus = ex._platform.cpu_count
-        candidates = {backend.name: (backend.max_workers, 0.0)}
+        # Threads for waiting calls are priced at the width their pool grows
+        # to (Little's law on the calls' CPU share), not the width it starts at.
+        share = statistics.median(self.evidence.cpu_share) if self.evidence.cpu_share else None
+        width = (
+            backend.grows_to(share) if isinstance(backend, ThreadBackend) else backend.max_workers
+        )
+        candidates = {backend.name: (width, 0.0)}
         alternative: Decision | None = None
         off_processes = backend.name in ("fork", "loky") and options.prefer != "processes"
         if off_processes and permits(profile, "thread", options):
-            workers = ex._max_workers or _backend_class("thread").default_workers(cpus)
+            given = ex._widths.for_backend("thread")
+            workers = given or ThreadBackend.default_workers(cpus)
+            if given is None and ex._workers_setup.initializer is None and share is not None:
+                workers = max(workers, waiting_width(share, waiting_limit()))
             candidates["thread"] = (workers, 0.0)
             alternative = dataclasses.replace(decision, backend="thread", share=False)
         if off_processes and permits(profile, "inline", options):

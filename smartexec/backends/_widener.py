@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .thread import ThreadBackend
 
-__all__ = ["WIDEN_EVERY_S"]
+__all__ = ["WIDEN_EVERY_S", "waiting_limit"]
 
 
 #: Seconds between two looks at whether a pool should grow (each reads every
@@ -29,7 +29,8 @@ __all__ = ["WIDEN_EVERY_S"]
 WIDEN_EVERY_S = 0.005
 
 
-def _open_files_limit() -> int:
+def waiting_limit() -> int:
+    """The most threads a pool grows to: :data:`~smartexec.tuning.MAX_WAITING_THREADS`, and an eighth of the open-files limit."""
     try:
         import resource
 
@@ -81,7 +82,7 @@ class _Widener:
         self._last: tuple[float, float, float, float, float, int] | None = None
         self._latency = _Latency()
         self.due = 0.0
-        self.limit = max(backend.max_workers, _open_files_limit())
+        self.limit = max(backend.max_workers, waiting_limit())
         self.process_cpu: Callable[[], float] = time.process_time
 
     @property

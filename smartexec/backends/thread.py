@@ -34,6 +34,7 @@ from .._threads import (
 )
 from ..errors import InitializerError, TaskTimeoutError, ThreadInitializerError
 from ..stats import CALLS_BATCH, CallLog
+from ..tuning import waiting_width
 from ._base import Backend
 from ._widener import _peek, _Widener
 
@@ -320,6 +321,16 @@ class ThreadBackend(Backend):
     def broken(self) -> InitializerError | None:
         """The error of the initializer that failed in a thread, or None."""
         return self._box.error
+
+    def grows_to(self, cpu_share: float | None) -> int:
+        """The width this pool grows to for calls runnable ``cpu_share`` of their time (:func:`~smartexec.tuning.waiting_width`).
+
+        Its width now where it does not grow (``max_workers`` given, an
+        initializer) or the share is not known (None).
+        """
+        if self._widener is None or cpu_share is None:
+            return self.max_workers
+        return max(self.max_workers, waiting_width(cpu_share, self._widener.limit))
 
     @classmethod
     def default_workers(cls, cpu_count: int) -> int:

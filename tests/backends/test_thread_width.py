@@ -19,7 +19,9 @@ from smartexec.tuning import (
     MAX_WAITING_THREADS,
     SATURATED_SLOWDOWN,
     WAITING_TARGET_CORES,
+    predict_s,
     threads_for_waiting,
+    waiting_width,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,6 +43,22 @@ pytestmark = pytest.mark.timeout(120)
 )
 def test_threads_for_waiting_is_littles_law(busy, cores, limit, width):
     assert threads_for_waiting(busy, cores, limit) == width
+
+
+def test_a_waiting_maps_rest_is_priced_at_the_width_its_pool_grows_to():
+    # The same law prices threads for a map's rest: at the stdlib's 6 threads,
+    # 72 sleeps of 10 ms were predicted at 0.12 s and took 0.02-0.03 s.
+    assert waiting_width(0.01, 128) == 100 and waiting_width(0.0, 128) == 128
+    assert waiting_width(1.0, 128) == 1 and waiting_width(0.4, 128) == 3
+    grows = ThreadBackend(None, 2)
+    assert grows.grows_to(0.01) == min(100, grows._widener.limit)
+    assert grows.grows_to(None) == grows.max_workers  # no share measured yet
+    assert grows.grows_to(1.0) == grows.max_workers  # never narrower
+    assert ThreadBackend(4, 2).grows_to(0.01) == 4  # a width the user fixed
+    waits = predict_s(
+        "thread", kind="waits", per_item_s=0.01, send_s=0.0, rest=72, cpus=2, workers=100
+    )
+    assert waits == pytest.approx(0.01)  # one wave
 
 
 def test_pool_threads_waiting_for_a_gil_held_elsewhere_are_not_waiting_work():
