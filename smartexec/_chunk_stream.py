@@ -22,6 +22,7 @@ Only the thread that iterates touches a stream, so it needs no lock.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import sys
 import threading
@@ -412,9 +413,11 @@ class ChunkStream:
             if _an_arguments(error) and len(slot.calls) > 1:
                 # An argument could not be sent: the items before it give
                 # their results and the error comes at its own item, as with
-                # ProcessPoolExecutor, which sends each alone.
-                self._split(slot)
-                return
+                # ProcessPoolExecutor, which sends each alone. Where nothing
+                # can be sent any more (shut down), at the chunk's first.
+                with contextlib.suppress(RuntimeError):
+                    self._split(slot)
+                    return
             if error is exc:
                 raise
             raise error from exc

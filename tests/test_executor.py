@@ -219,6 +219,21 @@ def test_unpicklable_argument_in_a_chunk_raises_at_its_own_item(backend):
         assert ex.submit(square, 5).result(timeout=30) == 25
 
 
+def test_unpicklable_argument_after_shutdown_still_raises_the_pickling_error():
+    # A breaker's map, shut down (wait=False) before it was read: the chunk
+    # cannot be sent again one item at a time, and the error stays the
+    # pickling error at the chunk's first item (a RuntimeError at first).
+    items = [*range(20), threading.Lock(), *range(21, 60)]
+    ex = SmartExecutor(2, backend="fork")
+    results = ex.map(square, items, chunksize=7)
+    ex.shutdown(wait=False)
+    got = []
+    with pytest.raises(PayloadPicklingError, match="argument 1 "):
+        for value in results:
+            got.append(value)
+    assert got == [i * i for i in range(len(got))] and 14 <= len(got) <= 20
+
+
 def test_cancel_a_pending_future():
     with SmartExecutor(1, backend="thread") as ex:
         blocker = ex.submit(time.sleep, 0.5)
