@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._inputs import read_up_to
 from ._remote import Call, ChunkResult
+from ._wire import estimate_send_s
 from .errors import (
     PayloadPicklingError,
     ResultPicklingError,
@@ -410,13 +411,14 @@ class ChunkStream:
             if self._recover(slot, exc):
                 return
             error = self._on_chunk_error(exc, slot.calls)
-            if _an_arguments(error) and len(slot.calls) > 1:
+            at = _first_unsendable(slot.calls) if _an_arguments(error) else None
+            if at:
                 # An argument could not be sent: the items before it give
                 # their results and the error comes at its own item, as with
                 # ProcessPoolExecutor, which sends each alone. Where nothing
                 # can be sent any more (shut down), at the chunk's first.
                 with contextlib.suppress(RuntimeError):
-                    self._split(slot)
+                    self._cut(slot, at, error)
                     return
             if error is exc:
                 raise
@@ -449,6 +451,24 @@ class ChunkStream:
                 self._on_result(result, calls)
         except Exception:  # noqa: BLE001 - advice is isolated from the results
             LOGGER.warning("smartexec: a map's routing advice failed; it stays put", exc_info=True)
+
+    def _cut(self, slot: _Slot, at: int, error: BaseException) -> None:
+        """Send ``slot``'s calls before ``at`` again, and keep ``error`` for the rest, read at call ``at``.
+
+        Raises:
+            RuntimeError: nothing can be sent any more (the backend is shut
+                down); ``slot`` is left as it was.
+        """
+        calls = slot.calls
+        slot.calls = calls[:at]
+        try:
+            self._post(slot, None)
+        except RuntimeError:
+            slot.calls = calls
+            raise
+        rest = _Slot(calls[at:], slot.retries)
+        rest.future, rest.error = slot.future, error  # never sent: it fails where it is read
+        self._window.insert(self._window.index(slot) + 1, rest)
 
     def _split(self, slot: _Slot) -> None:
         """Send each of a failed chunk's items alone, right after it: the others give their results."""
@@ -806,6 +826,16 @@ class ChunkStream:
                 future.cancel()
         else:
             self._abort(futures)
+
+
+def _first_unsendable(calls: list[Call]) -> int | None:
+    """The index of the first call whose arguments cannot be pickled (None: all can, now)."""
+    for at, call in enumerate(calls):
+        try:
+            estimate_send_s(call)
+        except Exception:  # noqa: BLE001 - any pickler's error marks the call
+            return at
+    return None
 
 
 def _an_arguments(error: BaseException) -> bool:

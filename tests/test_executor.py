@@ -219,6 +219,19 @@ def test_unpicklable_argument_in_a_chunk_raises_at_its_own_item(backend):
         assert ex.submit(square, 5).result(timeout=30) == 25
 
 
+def test_an_unpicklable_argument_late_in_a_big_chunk_resends_the_items_before_it_once():
+    # Sent one item at a time, 100,000 items with a bad argument at 99,990
+    # took 13-17 s (0.1-0.3 s without it): the items before it go as one chunk.
+    items = [*range(1990), threading.Lock(), *range(1991, 2000)]
+    with SmartExecutor(2, backend="fork") as ex:
+        got = []
+        with pytest.raises(PayloadPicklingError, match="argument 1 "):
+            for value in ex.map(square, items, chunksize=2000):
+                got.append(value)
+        assert got == [i * i for i in range(1990)]
+        assert ex.stats().backends["fork"].chunks == 2  # the failed chunk, then the 1990
+
+
 def test_unpicklable_argument_after_shutdown_still_raises_the_pickling_error():
     # A breaker's map, shut down (wait=False) before it was read: the chunk
     # cannot be sent again one item at a time, and the error stays the
