@@ -470,23 +470,20 @@ class ChunkStream:
         rest.future, rest.error = slot.future, error  # never sent: it fails where it is read
         self._window.insert(self._window.index(slot) + 1, rest)
 
-    def _split(self, slot: _Slot) -> None:
-        """Send each of a failed chunk's items alone, right after it: the others give their results."""
-        singles = [self._post(_Slot([call], slot.retries), None) for call in slot.calls]
-        slot.calls = []
-        at = self._window.index(slot)  # the head, unless read in completion order
-        for offset, single in enumerate(singles, start=1):
-            self._window.insert(at + offset, single)
-
     def _recover(self, slot: _Slot, exc: BaseException) -> bool:
         """Re-send a failed chunk's items where the failure allows; True if done so."""
         crashed = isinstance(exc, WorkerCrashedError)
         if not (crashed or isinstance(exc, TaskTimeoutError)):
             return False
         if len(slot.calls) > 1:
-            # Which item was it? The failure is charged to none of them: the
-            # culprit fails again alone (and spends its own retries).
-            self._split(slot)
+            # Which item was it? Send each alone, right after this slot. The
+            # failure is charged to none of them: the culprit fails again alone
+            # (and spends its own retries), the others give their results.
+            singles = [self._post(_Slot([call], slot.retries), None) for call in slot.calls]
+            slot.calls = []
+            at = self._window.index(slot)  # the head, unless read in completion order
+            for offset, single in enumerate(singles, start=1):
+                self._window.insert(at + offset, single)
             return True
         if isinstance(exc, WorkerCrashedError) and exc.shared_fate and not slot.spared:
             # A backend whose one dead worker fails every chunk it holds (loky):
